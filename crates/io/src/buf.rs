@@ -1,0 +1,107 @@
+//! Page-aligned owned buffers, the only kind of memory O_DIRECT accepts.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+const ALIGN: usize = crate::IO_ALIGN_BYTES;
+
+/// A zero-initialised byte buffer aligned to [`crate::IO_ALIGN_BYTES`].
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes (any length; O_DIRECT callers use multiples of 4 KiB).
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        if len == 0 {
+            return AlignedBuf { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), len: 0 };
+        }
+        let layout = Layout::from_size_align(len, ALIGN).expect("buffer length overflows a Layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(data.len());
+        buf.copy_from_slice(data);
+        buf
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            let layout = Layout::from_size_align(self.len, ALIGN).expect("layout was valid at alloc");
+            // SAFETY: allocated in `zeroed` with this exact layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and we hold &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for AlignedBuf {
+    fn clone(&self) -> AlignedBuf {
+        AlignedBuf::from_slice(self)
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+impl PartialEq for AlignedBuf {
+    fn eq(&self, other: &AlignedBuf) -> bool {
+        **self == **other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_page_aligned_and_zeroed() {
+        for len in [0, 1, 4096, 65536, 1 << 20] {
+            let buf = AlignedBuf::zeroed(len);
+            assert_eq!(buf.as_ptr() as usize % ALIGN, 0);
+            assert_eq!(buf.len(), len);
+            assert!(buf.iter().all(|&b| b == 0));
+        }
+        let copy = AlignedBuf::from_slice(b"stria");
+        assert_eq!(&copy[..], b"stria");
+    }
+}
