@@ -22,7 +22,12 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` bytes (any length; O_DIRECT callers use multiples of 4 KiB).
     pub fn zeroed(len: usize) -> AlignedBuf {
         if len == 0 {
-            return AlignedBuf { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), len: 0 };
+            // An array of u8 is only 1-aligned, so its dangling pointer would be too; an empty
+            // buffer must still pass the alignment checks that callers make.
+            #[repr(align(4096))]
+            struct Page;
+            const _: () = assert!(align_of::<Page>() == ALIGN);
+            return AlignedBuf { ptr: NonNull::<Page>::dangling().cast(), len: 0 };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer length overflows a Layout");
         // SAFETY: layout has non-zero size.
@@ -49,7 +54,8 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            let layout = Layout::from_size_align(self.len, ALIGN).expect("layout was valid at alloc");
+            let layout =
+                Layout::from_size_align(self.len, ALIGN).expect("layout was valid at alloc");
             // SAFETY: allocated in `zeroed` with this exact layout.
             unsafe { dealloc(self.ptr.as_ptr(), layout) };
         }

@@ -10,6 +10,7 @@ pub mod buf;
 pub mod fault;
 pub mod file;
 pub mod mem;
+mod request_queue;
 pub mod stats;
 mod threadpool;
 mod ticket;
@@ -31,13 +32,23 @@ pub const IO_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// submitter goes on to other drives.
 #[derive(Debug)]
 pub enum IoOp {
-    Read { offset: u64, len: usize },
+    Read {
+        offset: u64,
+        len: usize,
+    },
     /// `fua`: the data is on stable media when the request completes (RWF_DSYNC / NVMe FUA).
-    Write { offset: u64, data: AlignedBuf, fua: bool },
+    Write {
+        offset: u64,
+        data: AlignedBuf,
+        fua: bool,
+    },
     /// Everything completed before the flush was submitted is on stable media when it completes.
     Flush,
     /// The range's contents become undefined and its space may be given back.
-    Discard { offset: u64, len: usize },
+    Discard {
+        offset: u64,
+        len: usize,
+    },
 }
 
 impl IoOp {
@@ -70,9 +81,13 @@ pub enum IoDone {
 pub enum IoError {
     #[error("{device}: {op:?} at offset {offset} failed: {source}")]
     Os { device: String, op: OpKind, offset: u64, source: std::io::Error },
-    #[error("{device}: request at offset {offset} length {len} is not {IO_ALIGN_BYTES}-byte aligned")]
+    #[error(
+        "{device}: request at offset {offset} length {len} is not {IO_ALIGN_BYTES}-byte aligned"
+    )]
     Misaligned { device: String, offset: u64, len: usize },
-    #[error("{device}: request at offset {offset} length {len} ends past the device end {capacity}")]
+    #[error(
+        "{device}: request at offset {offset} length {len} ends past the device end {capacity}"
+    )]
     OutOfRange { device: String, offset: u64, len: usize, capacity: u64 },
     #[error("{device}: request of {len} bytes exceeds the {IO_BYTES_MAX}-byte limit")]
     TooLarge { device: String, len: usize },
@@ -97,6 +112,12 @@ pub trait BlockDevice: Send + Sync + Debug {
     fn capacity_bytes(&self) -> u64;
     fn submit(&self, op: IoOp) -> IoTicket;
     fn stats(&self) -> &DriveStats;
+
+    /// How requests reach the medium, for `status` and logs: `"memory"`, `"io_uring+O_DIRECT"`,
+    /// `"threadpool (buffered)"`, `"fault(io_uring+O_DIRECT)"`, ...
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
 
     fn read_at(&self, offset: u64, len: usize) -> Result<AlignedBuf, IoError> {
         match self.submit(IoOp::Read { offset, len }).wait()? {

@@ -15,13 +15,13 @@ use stria_io::{AlignedBuf, BlockDevice, IoError, IoOp, IoTicket};
 use stria_parity::Kernel;
 use stria_proto::{ARRAY_SPARES_MAX, BLOCK_BYTES, Uuid};
 
+use crate::RaidError;
 use crate::bitmap::WriteIntent;
 use crate::checksum::{CrcTable, crc_block};
 use crate::geometry::{Geometry, Level, Piece};
 use crate::journal::{self, Entry, Ring};
 use crate::rebuild::RebuildControl;
 use crate::superblock::{Layout, SUPERBLOCK_BYTES, SlotEntry, SlotState, Superblock};
-use crate::RaidError;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 /// Hashed stripe locks; a power of two well above any useful queue depth.
@@ -79,7 +79,12 @@ impl Member {
         }
     }
 
-    fn with_device(dev: Arc<dyn BlockDevice>, sb: &Superblock, state: SlotState, crc: CrcTable) -> Member {
+    fn with_device(
+        dev: Arc<dyn BlockDevice>,
+        sb: &Superblock,
+        state: SlotState,
+        crc: CrcTable,
+    ) -> Member {
         Member {
             dev: Some(dev),
             drive_uuid: sb.drive_uuid,
@@ -187,8 +192,9 @@ impl Array {
         let capacity = devs.iter().map(|d| d.capacity_bytes()).min().unwrap_or(0);
         // Validate the shape before sizing the journal from it.
         Geometry::new(config.level, devs.len(), config.stripe_unit_bytes, capacity)?;
-        let data_chunks = Geometry::new(config.level, devs.len(), config.stripe_unit_bytes, capacity)?
-            .data_chunks() as u64;
+        let data_chunks =
+            Geometry::new(config.level, devs.len(), config.stripe_unit_bytes, capacity)?
+                .data_chunks() as u64;
         let journal_bytes = if config.level.is_parity() {
             let largest_record = BLOCK + (data_chunks + 2) * unit;
             let wanted = config.journal_bytes.unwrap_or(JOURNAL_BYTES_DEFAULT.min(capacity / 32));
@@ -235,7 +241,13 @@ impl Array {
                 .enumerate()
                 .filter_map(|(i, m)| {
                     let dev = m.dev.as_ref()?;
-                    Some((i, dev.submit(IoOp::Discard { offset: layout.data_offset, len: layout.data_bytes as usize })))
+                    Some((
+                        i,
+                        dev.submit(IoOp::Discard {
+                            offset: layout.data_offset,
+                            len: layout.data_bytes as usize,
+                        }),
+                    ))
                 })
                 .collect();
             if let Some((_, e)) = wait_all(tickets).into_iter().next() {
@@ -259,7 +271,10 @@ impl Array {
             let dev = m.dev.as_ref().expect("new members have devices");
             let crc = m.crc.as_ref().expect("new members have tables");
             crc.persist(dev.as_ref(), &layout)?;
-            dev.write_at(layout.bitmap_offset, array.inner.bitmap.encode(layout.bitmap_bytes as usize))?;
+            dev.write_at(
+                layout.bitmap_offset,
+                array.inner.bitmap.encode(layout.bitmap_bytes as usize),
+            )?;
             let _ = slot;
         }
         array.write_superblocks(false)?;
@@ -297,7 +312,11 @@ impl Array {
                 rings,
                 stripe_locks: (0..STRIPE_LOCKS).map(|_| RwLock::new(())).collect(),
                 barrier: RwLock::new(()),
-                bitmap: WriteIntent::new(layout.bitmap_region_bytes, layout.data_bytes, layout.bitmap_bytes),
+                bitmap: WriteIntent::new(
+                    layout.bitmap_region_bytes,
+                    layout.data_bytes,
+                    layout.bitmap_bytes,
+                ),
                 counters: Counters::default(),
                 superblock_lock: Mutex::new(()),
                 rebuild: RebuildControl::new(REBUILD_RATE_BYTES_S_DEFAULT),
@@ -318,8 +337,10 @@ impl Array {
         let mut labelled = Vec::new();
         for dev in devs {
             let raw = dev.read_at(0, SUPERBLOCK_BYTES)?;
-            let sb = Superblock::decode(&raw)
-                .map_err(|source| RaidError::Superblock { device: dev.name().to_string(), source })?;
+            let sb = Superblock::decode(&raw).map_err(|source| RaidError::Superblock {
+                device: dev.name().to_string(),
+                source,
+            })?;
             labelled.push((dev, sb));
         }
         // The array is the one most of the drives belong to; any other uuid is foreign.
@@ -333,10 +354,16 @@ impl Array {
         votes.sort_by(|a, b| b.1.cmp(&a.1));
         let expected = votes[0].0;
         if let Some((dev, sb)) = labelled.iter().find(|(_, sb)| sb.array_uuid != expected) {
-            return Err(RaidError::Foreign { device: dev.name().to_string(), expected, found: sb.array_uuid });
+            return Err(RaidError::Foreign {
+                device: dev.name().to_string(),
+                expected,
+                found: sb.array_uuid,
+            });
         }
         for (i, (a, sa)) in labelled.iter().enumerate() {
-            if let Some((b, _)) = labelled[i + 1..].iter().find(|(_, sb)| sb.drive_uuid == sa.drive_uuid) {
+            if let Some((b, _)) =
+                labelled[i + 1..].iter().find(|(_, sb)| sb.drive_uuid == sa.drive_uuid)
+            {
                 return Err(RaidError::Duplicate {
                     first: a.name().to_string(),
                     second: b.name().to_string(),
@@ -344,9 +371,15 @@ impl Array {
                 });
             }
         }
-        let auth = labelled.iter().map(|(_, sb)| sb).max_by_key(|sb| sb.events).cloned().expect("non-empty");
+        let auth = labelled
+            .iter()
+            .map(|(_, sb)| sb)
+            .max_by_key(|sb| sb.events)
+            .cloned()
+            .expect("non-empty");
         let drives = auth.drives as usize;
-        let geometry = Geometry::new(auth.level, drives, auth.stripe_unit_bytes, auth.layout.data_bytes)?;
+        let geometry =
+            Geometry::new(auth.level, drives, auth.stripe_unit_bytes, auth.layout.data_bytes)?;
         let layout = auth.layout;
         let blocks = layout.data_bytes / BLOCK;
         let mut warnings = Vec::new();
@@ -361,7 +394,8 @@ impl Array {
                     _ => SlotState::Missing,
                 });
                 m.drive_uuid = entry.drive_uuid;
-                m.events_left = if entry.state == SlotState::Failed { entry.events_left } else { auth.events };
+                m.events_left =
+                    if entry.state == SlotState::Failed { entry.events_left } else { auth.events };
                 if entry.state != SlotState::Failed {
                     warnings.push(format!("slot {slot}: drive {} is missing", entry.drive_uuid));
                 }
@@ -414,7 +448,9 @@ impl Array {
         }
         let mut spares = Vec::new();
         for entry in auth.slots.iter().skip(drives).filter(|e| e.state == SlotState::Spare) {
-            if let Some(index) = labelled.iter().position(|(_, sb)| sb.drive_uuid == entry.drive_uuid) {
+            if let Some(index) =
+                labelled.iter().position(|(_, sb)| sb.drive_uuid == entry.drive_uuid)
+            {
                 used[index] = true;
                 spares.push(Spare { dev: labelled[index].0.clone(), drive_uuid: entry.drive_uuid });
             }
@@ -444,12 +480,16 @@ impl Array {
             tracing::warn!(array = %array.inner.uuid, "{w}");
         }
         array.check_alive()?;
-        // Load the bitmap from the first member that can be read.
-        let bitmap_source = array.members().into_iter().find(|m| m.state == SlotState::Active);
-        if let Some(dev) = bitmap_source.and_then(|m| m.dev) {
-            let raw = dev.read_at(layout.bitmap_offset, layout.bitmap_bytes as usize)?;
-            array.inner.bitmap.load(&raw);
+        // The bitmap is the union of every in-sync member's copy: a member that joined after a
+        // bit was set may not carry it, and a lost bit would skip a needed resync.
+        let mut union = vec![0u8; layout.bitmap_bytes as usize];
+        for m in array.members().into_iter().filter(|m| m.state == SlotState::Active) {
+            if let Some(dev) = m.dev {
+                let raw = dev.read_at(layout.bitmap_offset, layout.bitmap_bytes as usize)?;
+                union.iter_mut().zip(raw.iter()).for_each(|(u, r)| *u |= r);
+            }
         }
+        array.inner.bitmap.load(&union);
         if !auth.clean {
             crate::rebuild::recover_unclean(&array)?;
         }
@@ -500,8 +540,10 @@ impl Array {
 
     /// Whether the data is still complete given which members can serve reads.
     pub(crate) fn redundancy_ok(geometry: &Geometry, members: &[Member]) -> bool {
-        let out = |d: usize| !matches!(members[d].state, SlotState::Active | SlotState::Rebuilding)
-            || members[d].dev.is_none();
+        let out = |d: usize| {
+            !matches!(members[d].state, SlotState::Active | SlotState::Rebuilding)
+                || members[d].dev.is_none()
+        };
         match geometry.level {
             Level::Raid0 => (0..geometry.drives).all(|d| !out(d)),
             Level::Raid1 => (0..geometry.drives).any(|d| !out(d)),
@@ -528,7 +570,9 @@ impl Array {
                 m
             })
             .collect();
-        if Self::redundancy_ok(g, &sources) || Self::redundancy_ok(g, &members) && self.rebuilding_is_partial() {
+        if Self::redundancy_ok(g, &sources)
+            || Self::redundancy_ok(g, &members) && self.rebuilding_is_partial()
+        {
             Ok(())
         } else {
             Err(RaidError::ArrayFailed {
@@ -551,14 +595,20 @@ impl Array {
         set.into_iter().collect()
     }
 
-    pub(crate) fn lock_stripes_shared(&self, stripes: impl Iterator<Item = u64>) -> Vec<RwLockReadGuard<'_, ()>> {
+    pub(crate) fn lock_stripes_shared(
+        &self,
+        stripes: impl Iterator<Item = u64>,
+    ) -> Vec<RwLockReadGuard<'_, ()>> {
         self.stripe_lock_indices(stripes)
             .into_iter()
             .map(|i| self.inner.stripe_locks[i].read().unwrap_or_else(|e| e.into_inner()))
             .collect()
     }
 
-    pub(crate) fn lock_stripes(&self, stripes: impl Iterator<Item = u64>) -> Vec<RwLockWriteGuard<'_, ()>> {
+    pub(crate) fn lock_stripes(
+        &self,
+        stripes: impl Iterator<Item = u64>,
+    ) -> Vec<RwLockWriteGuard<'_, ()>> {
         self.stripe_lock_indices(stripes)
             .into_iter()
             .map(|i| self.inner.stripe_locks[i].write().unwrap_or_else(|e| e.into_inner()))
@@ -611,11 +661,16 @@ impl Array {
         // Fast path: read each piece from one good copy, all drives at once.
         let mut tickets = Vec::with_capacity(pieces.len());
         for (i, p) in pieces.iter().enumerate() {
-            let drive = g.data_drives(p.stripe, p.index).iter().find(|&d| members[d].readable(p.stripe));
+            let drive =
+                g.data_drives(p.stripe, p.index).iter().find(|&d| members[d].readable(p.stripe));
             if let Some(d) = drive {
                 let dev = members[d].dev.as_ref().expect("readable members have devices");
                 let dev_offset = self.device_offset(p.stripe, p.offset_in_chunk / BLOCK);
-                tickets.push((i, d, Some(dev.submit(IoOp::Read { offset: dev_offset, len: p.len as usize }))));
+                tickets.push((
+                    i,
+                    d,
+                    Some(dev.submit(IoOp::Read { offset: dev_offset, len: p.len as usize })),
+                ));
             } else {
                 tickets.push((i, usize::MAX, None));
             }
@@ -623,7 +678,8 @@ impl Array {
         let mut slow = Vec::new();
         for (i, d, ticket) in tickets {
             let p = &pieces[i];
-            let out = &mut buf[(p.array_offset - offset) as usize..(p.array_offset - offset + p.len) as usize];
+            let out = &mut buf
+                [(p.array_offset - offset) as usize..(p.array_offset - offset + p.len) as usize];
             let good = match ticket.map(|t| t.wait()) {
                 Some(Ok(stria_io::IoDone::Read(data))) => {
                     let first = self.table_block(p.stripe, p.offset_in_chunk / BLOCK);
@@ -638,7 +694,7 @@ impl Array {
                     ok
                 }
                 Some(Err(e)) => {
-                    tracing::warn!("read error, reconstructing: {e}");
+                    self.read_failed(d, &e);
                     false
                 }
                 _ => false,
@@ -679,7 +735,7 @@ impl Array {
         let copies: Vec<usize> = g.data_drives(stripe, index).iter().collect();
         let mut reads: Vec<Option<(Vec<bool>, AlignedBuf)>> = Vec::new();
         for &d in &copies {
-            reads.push(self.read_rows_checked(&members[d], stripe, row, rows));
+            reads.push(self.read_rows_checked(members, d, stripe, row, rows));
         }
         let mut out = vec![0u8; (rows * BLOCK) as usize];
         for r in 0..rows as usize {
@@ -688,8 +744,13 @@ impl Array {
             let Some((_, data)) = good else {
                 self.inner.counters.unrecoverable_blocks.fetch_add(1, Relaxed);
                 return Err(RaidError::Unrecoverable {
-                    offset: stripe * g.stripe_data_bytes() + index as u64 * g.unit() + (row + r as u64) * BLOCK,
-                    reason: format!("no copy of this block passes its checksum ({} copies)", copies.len()),
+                    offset: stripe * g.stripe_data_bytes()
+                        + index as u64 * g.unit()
+                        + (row + r as u64) * BLOCK,
+                    reason: format!(
+                        "no copy of this block passes its checksum ({} copies)",
+                        copies.len()
+                    ),
                 });
             };
             out[range.clone()].copy_from_slice(&data[range.clone()]);
@@ -706,7 +767,15 @@ impl Array {
 
     /// Reads rows of one member's chunk and checks each block: returns per-row "bad" flags and
     /// the data, or None if the member cannot be read at this stripe at all.
-    pub(crate) fn read_rows_checked(&self, m: &Member, stripe: u64, row: u64, rows: u64) -> Option<(Vec<bool>, AlignedBuf)> {
+    pub(crate) fn read_rows_checked(
+        &self,
+        members: &[Member],
+        slot: usize,
+        stripe: u64,
+        row: u64,
+        rows: u64,
+    ) -> Option<(Vec<bool>, AlignedBuf)> {
+        let m = &members[slot];
         if !m.readable(stripe) {
             return None;
         }
@@ -723,14 +792,32 @@ impl Array {
                 let errors = bad.iter().filter(|&&b| b).count() as u64;
                 if errors > 0 {
                     self.inner.counters.checksum_errors.fetch_add(errors, Relaxed);
-                    tracing::warn!(drive = dev.name(), stripe, row, errors, "checksum mismatch; repairing from redundancy");
+                    tracing::warn!(
+                        drive = dev.name(),
+                        stripe,
+                        row,
+                        errors,
+                        "checksum mismatch; repairing from redundancy"
+                    );
                 }
                 Some((bad, data))
             }
             Err(e) => {
-                tracing::warn!("{e}; reading from redundancy");
+                // A drive that cannot read is taken out of service (the array goes degraded)
+                // rather than retried on every request; the data comes from redundancy.
+                self.read_failed(slot, &e);
                 Some((vec![true; rows as usize], AlignedBuf::zeroed((rows * BLOCK) as usize)))
             }
+        }
+    }
+
+    fn read_failed(&self, slot: usize, e: &IoError) {
+        if self.inner.geometry.level == Level::Raid0 {
+            tracing::error!("{e}");
+            return;
+        }
+        if let Err(fail) = self.fail_member(slot, &format!("read failed: {e}")) {
+            tracing::error!("{fail}");
         }
     }
 
@@ -768,7 +855,11 @@ impl Array {
         let mut bad: Vec<Vec<bool>> = Vec::with_capacity(drives.len());
         let mut unreadable = vec![false; drives.len()];
         for (i, &d) in drives.iter().enumerate() {
-            let read = if Some(d) == exclude { None } else { self.read_rows_checked(&members[d], stripe, a, b - a) };
+            let read = if Some(d) == exclude {
+                None
+            } else {
+                self.read_rows_checked(members, d, stripe, a, b - a)
+            };
             match read {
                 Some((flags, data)) => {
                     bad.push(flags);
@@ -787,7 +878,9 @@ impl Array {
         while r < rows {
             let missing: Vec<usize> = (0..drives.len()).filter(|&i| bad[i][r]).collect();
             let mut end = r + 1;
-            while end < rows && (0..drives.len()).filter(|&i| bad[i][end]).eq(missing.iter().copied()) {
+            while end < rows
+                && (0..drives.len()).filter(|&i| bad[i][end]).eq(missing.iter().copied())
+            {
                 end += 1;
             }
             if !missing.is_empty() {
@@ -804,11 +897,14 @@ impl Array {
                     });
                 }
                 let range = r * BLOCK_BYTES..end * BLOCK_BYTES;
-                let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[range.clone()]).collect();
-                self.inner
-                    .kernel
-                    .reconstruct(&mut slices, data_count, &missing)
-                    .map_err(|e| RaidError::Unrecoverable { offset: stripe * g.stripe_data_bytes(), reason: e.to_string() })?;
+                let mut slices: Vec<&mut [u8]> =
+                    bufs.iter_mut().map(|b| &mut b[range.clone()]).collect();
+                self.inner.kernel.reconstruct(&mut slices, data_count, &missing).map_err(|e| {
+                    RaidError::Unrecoverable {
+                        offset: stripe * g.stripe_data_bytes(),
+                        reason: e.to_string(),
+                    }
+                })?;
                 if repair {
                     for &i in &missing {
                         if unreadable[i] {
@@ -857,7 +953,15 @@ impl Array {
                     match self.plan_parity_stripe(&members, stripe, &in_stripe, data, offset)? {
                         Some(writes) => {
                             for (d, row, buf) in writes {
-                                self.push_write(&members, d, stripe, row, buf, &mut tickets, &mut crc_updates);
+                                self.push_write(
+                                    &members,
+                                    d,
+                                    stripe,
+                                    row,
+                                    buf,
+                                    &mut tickets,
+                                    &mut crc_updates,
+                                );
                             }
                         }
                         None => {
@@ -870,21 +974,22 @@ impl Array {
                         let buf = AlignedBuf::from_slice(bytes_of(p));
                         for d in g.data_drives(stripe, p.index).iter() {
                             if members[d].writable() {
-                                self.push_write(&members, d, stripe, p.offset_in_chunk / BLOCK, buf.clone(), &mut tickets, &mut crc_updates);
+                                self.push_write(
+                                    &members,
+                                    d,
+                                    stripe,
+                                    p.offset_in_chunk / BLOCK,
+                                    buf.clone(),
+                                    &mut tickets,
+                                    &mut crc_updates,
+                                );
                             }
                         }
                     }
                 }
             }
-            if journal_full {
-                // Let the journaled writes already in flight finish, then checkpoint and retry.
-                let failures = wait_all(tickets);
-                self.handle_write_failures(&members, failures)?;
-                drop(_locks);
-                drop(_barrier);
-                self.flush()?;
-                continue;
-            }
+            // Writes already submitted complete (and get their checksums) even when the
+            // journal filled up part way: the retry after the checkpoint reads those stripes.
             let failures = wait_all(tickets);
             let failed_drives: BTreeSet<usize> = failures.iter().map(|(d, _)| *d).collect();
             for (d, table_block, crc) in crc_updates {
@@ -895,6 +1000,12 @@ impl Array {
                 }
             }
             self.handle_write_failures(&members, failures)?;
+            if journal_full {
+                drop(_locks);
+                drop(_barrier);
+                self.flush()?;
+                continue;
+            }
             return Ok(());
         }
     }
@@ -951,7 +1062,8 @@ impl Array {
         let drives = g.members(stripe);
         let full = pieces.len() == k && pieces.iter().all(|p| p.len == unit);
         if full {
-            let mut chunks: Vec<AlignedBuf> = pieces.iter().map(|p| AlignedBuf::from_slice(bytes_of(p))).collect();
+            let mut chunks: Vec<AlignedBuf> =
+                pieces.iter().map(|p| AlignedBuf::from_slice(bytes_of(p))).collect();
             self.append_parity(&mut chunks, 0, unit as usize);
             let writes = chunks
                 .into_iter()
@@ -964,7 +1076,8 @@ impl Array {
         // Partial stripe: reconstruct-write over the touched rows. Reading through
         // `stripe_rows` verifies (and if needed rebuilds) every block the new parity depends on.
         let a = pieces.iter().map(|p| p.offset_in_chunk / BLOCK).min().expect("non-empty");
-        let b = pieces.iter().map(|p| (p.offset_in_chunk + p.len) / BLOCK).max().expect("non-empty");
+        let b =
+            pieces.iter().map(|p| (p.offset_in_chunk + p.len) / BLOCK).max().expect("non-empty");
         let mut rows = self.stripe_rows(members, stripe, a, b, None, true)?;
         rows.truncate(k);
         for p in pieces {
@@ -976,7 +1089,11 @@ impl Array {
         for p in pieces {
             if members[drives[p.index]].writable() {
                 let at = (p.offset_in_chunk - a * BLOCK) as usize;
-                writes.push((drives[p.index], p.offset_in_chunk / BLOCK, AlignedBuf::from_slice(&rows[p.index][at..at + p.len as usize])));
+                writes.push((
+                    drives[p.index],
+                    p.offset_in_chunk / BLOCK,
+                    AlignedBuf::from_slice(&rows[p.index][at..at + p.len as usize]),
+                ));
             }
         }
         for (i, buf) in rows.into_iter().enumerate().skip(k) {
@@ -1008,35 +1125,67 @@ impl Array {
 
     /// Writes one journal record for a partial-stripe update to `parity + 1` members, with FUA.
     /// Returns false if a ring is full.
-    fn journal(&self, members: &[Member], stripe: u64, writes: &[(usize, u64, AlignedBuf)]) -> Result<bool, RaidError> {
+    fn journal(
+        &self,
+        members: &[Member],
+        stripe: u64,
+        writes: &[(usize, u64, AlignedBuf)],
+    ) -> Result<bool, RaidError> {
         let g = self.inner.geometry;
         let layout = &self.inner.layout;
         let entries: Vec<Entry> = writes
             .iter()
-            .map(|(d, row, buf)| Entry { drive: *d as u16, row: *row as u32, rows: (buf.len() / BLOCK_BYTES) as u32 })
+            .map(|(d, row, buf)| Entry {
+                drive: *d as u16,
+                row: *row as u32,
+                rows: (buf.len() / BLOCK_BYTES) as u32,
+            })
             .collect();
         let payload: Vec<&[u8]> = writes.iter().map(|(_, _, buf)| &buf[..]).collect();
         let seq = self.inner.journal_seq.fetch_add(1, Relaxed);
-        let record = journal::encode(self.inner.uuid, self.inner.journal_epoch.load(Relaxed), seq, stripe, &entries, &payload);
+        let record = journal::encode(
+            self.inner.uuid,
+            self.inner.journal_epoch.load(Relaxed),
+            seq,
+            stripe,
+            &entries,
+            &payload,
+        );
         let copies = g.level.parity_chunks() + 1;
         let targets: Vec<usize> = (0..g.drives)
             .map(|i| (stripe as usize + i) % g.drives)
             .filter(|&d| members[d].writable())
             .take(copies)
             .collect();
-        let mut tickets = Vec::new();
+        // Reserve on every ring before writing to any, so a full ring never leaves a stray
+        // record write behind that could land after the checkpoint.
+        let mut positions = Vec::with_capacity(targets.len());
         for &d in &targets {
-            let Some(pos) = self.inner.rings[d].reserve(record.len() as u64, layout.journal_bytes) else {
-                return Ok(false);
-            };
+            match self.inner.rings[d].reserve(record.len() as u64, layout.journal_bytes) {
+                Some(pos) => positions.push(pos),
+                None => return Ok(false),
+            }
+        }
+        let mut tickets = Vec::new();
+        for (&d, pos) in targets.iter().zip(positions) {
             let dev = members[d].dev.as_ref().expect("writable members have devices");
-            tickets.push((d, dev.submit(IoOp::Write { offset: layout.journal_offset + pos, data: record.clone(), fua: true })));
+            tickets.push((
+                d,
+                dev.submit(IoOp::Write {
+                    offset: layout.journal_offset + pos,
+                    data: record.clone(),
+                    fua: true,
+                }),
+            ));
         }
         let failures = wait_all(tickets);
         let all_failed = failures.len() == targets.len();
         self.handle_write_failures(members, failures)?;
         if all_failed {
-            return Err(RaidError::Unrecoverable { offset: stripe * g.stripe_data_bytes(), reason: "no journal copy could be written".into() });
+            return Err(RaidError::Unrecoverable {
+                offset: stripe * g.stripe_data_bytes(),
+                reason: "no journal copy could be written".into(),
+            });
         }
         self.inner.counters.journal_records.fetch_add(1, Relaxed);
         Ok(true)
@@ -1067,7 +1216,14 @@ impl Array {
             .enumerate()
             .filter(|(_, m)| m.writable())
             .filter_map(|(d, m)| {
-                Some((d, m.dev.as_ref()?.submit(IoOp::Write { offset: layout.bitmap_offset, data: image.clone(), fua: true })))
+                Some((
+                    d,
+                    m.dev.as_ref()?.submit(IoOp::Write {
+                        offset: layout.bitmap_offset,
+                        data: image.clone(),
+                        fua: true,
+                    }),
+                ))
             })
             .collect();
         let failures = wait_all(tickets);
@@ -1075,7 +1231,11 @@ impl Array {
     }
 
     /// Marks every drive whose write failed as failed, then checks the array is still whole.
-    pub(crate) fn handle_write_failures(&self, members: &[Member], failures: Vec<(usize, IoError)>) -> Result<(), RaidError> {
+    pub(crate) fn handle_write_failures(
+        &self,
+        members: &[Member],
+        failures: Vec<(usize, IoError)>,
+    ) -> Result<(), RaidError> {
         if failures.is_empty() {
             return Ok(());
         }
@@ -1142,7 +1302,12 @@ impl Array {
         self.handle_write_failures(&members, failures)
     }
 
-    pub(crate) fn superblock_for(&self, members: &[Member], slot: usize, clean: bool) -> Option<Superblock> {
+    pub(crate) fn superblock_for(
+        &self,
+        members: &[Member],
+        slot: usize,
+        clean: bool,
+    ) -> Option<Superblock> {
         let m = &members[slot];
         let dev = m.dev.as_ref()?;
         let stats = dev.stats().snapshot();
@@ -1153,7 +1318,11 @@ impl Array {
                 drive_uuid: m.drive_uuid,
                 state: m.state,
                 events_left: m.events_left,
-                rebuild_cursor: if m.state == SlotState::Rebuilding { m.cursor.load(Relaxed) } else { 0 },
+                rebuild_cursor: if m.state == SlotState::Rebuilding {
+                    m.cursor.load(Relaxed)
+                } else {
+                    0
+                },
             })
             .collect();
         slots.extend(spares.iter().take(ARRAY_SPARES_MAX).map(|s| SlotEntry {
@@ -1192,12 +1361,22 @@ impl Array {
         for (slot, m) in members.iter().enumerate().filter(|(_, m)| m.writable()) {
             if let Some(sb) = self.superblock_for(&members, slot, clean) {
                 let dev = m.dev.as_ref().expect("checked");
-                tickets.push((slot, dev.submit(IoOp::Write { offset: 0, data: AlignedBuf::from_slice(&sb.encode()), fua: true })));
+                tickets.push((
+                    slot,
+                    dev.submit(IoOp::Write {
+                        offset: 0,
+                        data: AlignedBuf::from_slice(&sb.encode()),
+                        fua: true,
+                    }),
+                ));
             }
         }
         let spare_labels: Vec<(Arc<dyn BlockDevice>, Superblock)> = {
+            let template = members
+                .iter()
+                .position(|m| m.writable())
+                .and_then(|s| self.superblock_for(&members, s, clean));
             let spares = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner());
-            let template = members.iter().position(|m| m.writable()).and_then(|s| self.superblock_for(&members, s, clean));
             spares
                 .iter()
                 .filter_map(|s| {
@@ -1210,7 +1389,14 @@ impl Array {
         };
         let failures = wait_all(tickets);
         for (dev, sb) in spare_labels {
-            if let Err(e) = dev.submit(IoOp::Write { offset: 0, data: AlignedBuf::from_slice(&sb.encode()), fua: true }).wait() {
+            if let Err(e) = dev
+                .submit(IoOp::Write {
+                    offset: 0,
+                    data: AlignedBuf::from_slice(&sb.encode()),
+                    fua: true,
+                })
+                .wait()
+            {
                 tracing::warn!("spare {}: label write failed: {e}", dev.name());
             }
         }
@@ -1241,7 +1427,11 @@ impl Array {
             if !m.writable() {
                 return Ok(());
             }
-            tracing::error!(slot, drive = m.dev.as_ref().map(|d| d.name()).unwrap_or("?"), "drive failed: {reason}");
+            tracing::error!(
+                slot,
+                drive = m.dev.as_ref().map(|d| d.name()).unwrap_or("?"),
+                "drive failed: {reason}"
+            );
             m.events_left = self.inner.events.load(Relaxed);
             m.state = SlotState::Failed;
             self.inner.events.fetch_add(1, Relaxed);
@@ -1251,7 +1441,11 @@ impl Array {
         if self.inner.geometry.level != Level::Raid0 {
             let spare = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
             if let Some(spare) = spare {
-                tracing::info!(slot, spare = spare.dev.name(), "hot spare takes the failed drive's place");
+                tracing::info!(
+                    slot,
+                    spare = spare.dev.name(),
+                    "hot spare takes the failed drive's place"
+                );
                 self.install(slot, spare.dev, spare.drive_uuid, None)?;
             }
         }
@@ -1263,14 +1457,22 @@ impl Array {
     pub fn replace(&self, slot: usize, dev: Arc<dyn BlockDevice>) -> Result<(), RaidError> {
         let g = self.inner.geometry;
         if slot >= g.drives {
-            return Err(RaidError::InvalidConfig(format!("slot {slot} does not exist; the array has slots 0..{}", g.drives - 1)));
+            return Err(RaidError::InvalidConfig(format!(
+                "slot {slot} does not exist; the array has slots 0..{}",
+                g.drives - 1
+            )));
         }
         if g.level == Level::Raid0 {
-            return Err(RaidError::Refused("raid0 has no redundancy: a failed member's data is lost and cannot be rebuilt".into()));
+            return Err(RaidError::Refused(
+                "raid0 has no redundancy: a failed member's data is lost and cannot be rebuilt"
+                    .into(),
+            ));
         }
         let members = self.members();
         if members[slot].writable() {
-            return Err(RaidError::Refused(format!("slot {slot} is in service; fail it first with `stria raid fail`")));
+            return Err(RaidError::Refused(format!(
+                "slot {slot} is in service; fail it first with `stria raid fail`"
+            )));
         }
         if dev.capacity_bytes() < self.inner.layout.min_capacity() {
             return Err(RaidError::Refused(format!(
@@ -1280,24 +1482,42 @@ impl Array {
                 self.inner.layout.min_capacity()
             )));
         }
-        if members.iter().any(|m| m.dev.as_ref().is_some_and(|d| d.name() == dev.name())) {
-            return Err(RaidError::Refused(format!("{} is already a member of this array", dev.name())));
+        if members
+            .iter()
+            .enumerate()
+            .any(|(i, m)| i != slot && m.dev.as_ref().is_some_and(|d| d.name() == dev.name()))
+        {
+            return Err(RaidError::Refused(format!(
+                "{} is already a member of this array",
+                dev.name()
+            )));
         }
         // Is this the slot's own drive coming back?
-        let label = dev.read_at(0, SUPERBLOCK_BYTES).ok().and_then(|raw| Superblock::decode(&raw).ok());
+        let label =
+            dev.read_at(0, SUPERBLOCK_BYTES).ok().and_then(|raw| Superblock::decode(&raw).ok());
         if let Some(sb) = &label
             && sb.array_uuid == self.inner.uuid
             && sb.drive_uuid == members[slot].drive_uuid
             && sb.events == members[slot].events_left
         {
             let regions = self.inner.bitmap.dirty_regions();
-            tracing::info!(slot, regions = regions.len(), "drive returned: resyncing only regions written meanwhile");
+            tracing::info!(
+                slot,
+                regions = regions.len(),
+                "drive returned: resyncing only regions written meanwhile"
+            );
             return self.install(slot, dev, sb.drive_uuid, Some(regions));
         }
         self.install(slot, dev, Uuid::random(), None)
     }
 
-    fn install(&self, slot: usize, dev: Arc<dyn BlockDevice>, drive_uuid: Uuid, regions: Option<Vec<u64>>) -> Result<(), RaidError> {
+    fn install(
+        &self,
+        slot: usize,
+        dev: Arc<dyn BlockDevice>,
+        drive_uuid: Uuid,
+        regions: Option<Vec<u64>>,
+    ) -> Result<(), RaidError> {
         let layout = self.inner.layout;
         let crc = if regions.is_some() {
             CrcTable::load(dev.as_ref(), &layout)?
@@ -1318,6 +1538,11 @@ impl Array {
             self.inner.events.fetch_add(1, Relaxed);
         }
         self.write_superblocks(false)?;
+        // The newcomer carries the current write-intent bits from the start.
+        {
+            let _guard = self.inner.bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.persist_bitmap()?;
+        }
         crate::rebuild::start(self, slot, regions);
         Ok(())
     }
@@ -1336,10 +1561,14 @@ impl Array {
         {
             let mut spares = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner());
             if spares.len() >= ARRAY_SPARES_MAX {
-                return Err(RaidError::Refused(format!("the array already has {ARRAY_SPARES_MAX} spares, the most it records")));
+                return Err(RaidError::Refused(format!(
+                    "the array already has {ARRAY_SPARES_MAX} spares, the most it records"
+                )));
             }
             let name = dev.name().to_string();
-            if spares.iter().any(|s| s.dev.name() == name) || members.iter().any(|m| m.dev.as_ref().is_some_and(|d| d.name() == name)) {
+            if spares.iter().any(|s| s.dev.name() == name)
+                || members.iter().any(|m| m.dev.as_ref().is_some_and(|d| d.name() == name))
+            {
                 return Err(RaidError::Refused(format!("{name} is already part of this array")));
             }
             spares.push(Spare { dev, drive_uuid: Uuid::random() });

@@ -65,7 +65,10 @@ impl CrcTable {
             offset += len as u64;
         }
         let pages = (blocks as usize).div_ceil(CRCS_PER_PAGE);
-        Ok(CrcTable { crcs, dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() })
+        Ok(CrcTable {
+            crcs,
+            dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        })
     }
 
     pub fn blocks(&self) -> u64 {

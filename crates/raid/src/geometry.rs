@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use stria_proto::{ARRAY_DRIVES_MAX, ARRAY_DRIVES_MIN, STRIPE_UNIT_BYTES_MAX, STRIPE_UNIT_BYTES_MIN};
+use stria_proto::{
+    ARRAY_DRIVES_MAX, ARRAY_DRIVES_MIN, STRIPE_UNIT_BYTES_MAX, STRIPE_UNIT_BYTES_MIN,
+};
 
 use crate::RaidError;
 
@@ -193,9 +195,11 @@ impl Geometry {
         match self.level {
             Level::Raid0 => one(index),
             Level::Raid1 => Copies { drives: [0, 0], count: self.drives as u8, all_drives: true },
-            Level::Raid10 => {
-                Copies { drives: [2 * index as u8, 2 * index as u8 + 1], count: 2, all_drives: false }
-            }
+            Level::Raid10 => Copies {
+                drives: [2 * index as u8, 2 * index as u8 + 1],
+                count: 2,
+                all_drives: false,
+            },
             Level::Raid5 => one((self.p_drive(stripe) + 1 + index) % self.drives),
             Level::Raid6 => one((self.p_drive(stripe) + 2 + index) % self.drives),
         }
@@ -274,7 +278,8 @@ mod tests {
 
     #[test]
     fn every_stripe_places_each_member_on_a_distinct_drive() {
-        for (level, n) in [(Level::Raid5, 3), (Level::Raid5, 7), (Level::Raid6, 4), (Level::Raid6, 24)]
+        for (level, n) in
+            [(Level::Raid5, 3), (Level::Raid5, 7), (Level::Raid6, 4), (Level::Raid6, 24)]
         {
             let g = geometry(level, n);
             for stripe in 0..(3 * n as u64) {

@@ -48,7 +48,14 @@ pub fn record_bytes(payload_bytes: usize) -> usize {
 }
 
 /// Encodes a record as one aligned buffer: header block then payload.
-pub fn encode(array: Uuid, epoch: u64, seq: u64, stripe: u64, entries: &[Entry], payload: &[&[u8]]) -> AlignedBuf {
+pub fn encode(
+    array: Uuid,
+    epoch: u64,
+    seq: u64,
+    stripe: u64,
+    entries: &[Entry],
+    payload: &[&[u8]],
+) -> AlignedBuf {
     assert!(entries.len() <= RECORD_ENTRIES_MAX);
     let payload_bytes: usize = payload.iter().map(|p| p.len()).sum();
     debug_assert_eq!(
@@ -131,7 +138,12 @@ pub fn scan(ring: &[u8], array: Uuid, epoch: u64) -> Vec<Record> {
             if crc32c::crc32c(payload) != u32_at(h, 60) {
                 return None;
             }
-            Some(Record { seq: u64_at(h, 32), stripe: u64_at(h, 40), entries, payload: payload.to_vec() })
+            Some(Record {
+                seq: u64_at(h, 32),
+                stripe: u64_at(h, 40),
+                entries,
+                payload: payload.to_vec(),
+            })
         })();
         match parsed {
             Some(record) => {

@@ -35,11 +35,17 @@ pub enum RaidError {
     Io(#[from] stria_io::IoError),
     #[error("{device}: {source}")]
     Superblock { device: String, source: superblock::SuperblockError },
-    #[error("{device} belongs to another array ({found}), not to array {expected}: remove it from the list")]
+    #[error(
+        "{device} belongs to another array ({found}), not to array {expected}: remove it from the list"
+    )]
     Foreign { device: String, expected: Uuid, found: Uuid },
-    #[error("{first} and {second} carry the same drive id {uuid}: one is a copy of the other; remove one")]
+    #[error(
+        "{first} and {second} carry the same drive id {uuid}: one is a copy of the other; remove one"
+    )]
     Duplicate { first: String, second: String, uuid: Uuid },
-    #[error("array has failed: {failed} of {drives} drives are out and {level} tolerates {tolerated}; I/O refused so no wrong data is returned")]
+    #[error(
+        "array has failed: {failed} of {drives} drives are out and {level} tolerates {tolerated}; I/O refused so no wrong data is returned"
+    )]
     ArrayFailed { level: geometry::Level, drives: usize, failed: usize, tolerated: usize },
     #[error("data at array offset {offset} cannot be recovered: {reason}")]
     Unrecoverable { offset: u64, reason: String },

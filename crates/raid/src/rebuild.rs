@@ -91,7 +91,6 @@ impl RebuildControl {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         jobs.iter().rev().find(|j| j.slot == slot).map(|j| j.progress.clone())
     }
-
 }
 
 /// Paces a background walk to a byte rate without letting idle time turn into a burst.
@@ -130,7 +129,8 @@ pub(crate) fn start(array: &Array, slot: usize, regions: Option<Vec<u64>>) {
             let outcome = run(&worker, slot, regions, &thread_stop, &thread_progress);
             if let Err(e) = &outcome {
                 tracing::error!(slot, "rebuild stopped: {e}");
-                *thread_progress.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                *thread_progress.error.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(e.to_string());
             }
             thread_progress.finished.store(true, Relaxed);
         })
@@ -180,17 +180,29 @@ pub(crate) fn wait_idle(array: &Array) -> Result<(), RaidError> {
     Ok(())
 }
 
-fn run(array: &Array, slot: usize, regions: Option<Vec<u64>>, stop: &AtomicBool, progress: &Progress) -> Result<(), RaidError> {
+fn run(
+    array: &Array,
+    slot: usize,
+    regions: Option<Vec<u64>>,
+    stop: &AtomicBool,
+    progress: &Progress,
+) -> Result<(), RaidError> {
     let g = array.geometry();
     let stripes = g.stripes();
     let rows = array.rows_per_chunk();
     let bitmap = &array.inner.bitmap;
     let region_of = |stripe: u64| bitmap.region_of(g.drive_offset(stripe));
-    let wanted = |stripe: u64| regions.as_ref().is_none_or(|r| r.binary_search(&region_of(stripe)).is_ok());
+    let wanted =
+        |stripe: u64| regions.as_ref().is_none_or(|r| r.binary_search(&region_of(stripe)).is_ok());
     let (cursor, dev) = {
         let members = array.members();
         let m = &members[slot];
-        (m.cursor.clone(), m.dev.clone().ok_or_else(|| RaidError::Refused("rebuild target has no device".into()))?)
+        (
+            m.cursor.clone(),
+            m.dev
+                .clone()
+                .ok_or_else(|| RaidError::Refused("rebuild target has no device".into()))?,
+        )
     };
     let total = (cursor.load(Relaxed)..stripes).filter(|&s| wanted(s)).count() as u64;
     progress.stripes_total.store(total, Relaxed);
@@ -214,11 +226,17 @@ fn run(array: &Array, slot: usize, regions: Option<Vec<u64>>, stop: &AtomicBool,
             let _lock = array.lock_stripes(std::iter::once(stripe));
             let members = array.members();
             let m = &members[slot];
-            if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, &dev)) {
-                return Err(RaidError::Refused(format!("slot {slot} left the rebuild (it failed or was replaced)")));
+            if m.state != SlotState::Rebuilding
+                || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, &dev))
+            {
+                return Err(RaidError::Refused(format!(
+                    "slot {slot} left the rebuild (it failed or was replaced)"
+                )));
             }
             let chunk = rebuilt_chunk(array, &members, slot, stripe, rows)?;
-            if let Err(e) = dev.write_at(array.device_offset(stripe, 0), AlignedBuf::from_slice(&chunk)) {
+            if let Err(e) =
+                dev.write_at(array.device_offset(stripe, 0), AlignedBuf::from_slice(&chunk))
+            {
                 drop(_lock);
                 drop(_barrier);
                 array.fail_member(slot, &format!("write failed during rebuild: {e}"))?;
@@ -255,12 +273,21 @@ fn run(array: &Array, slot: usize, regions: Option<Vec<u64>>, stop: &AtomicBool,
 }
 
 /// The full chunk `slot` must hold in `stripe`, from the other members.
-fn rebuilt_chunk(array: &Array, members: &[crate::array::Member], slot: usize, stripe: u64, rows: u64) -> Result<Vec<u8>, RaidError> {
+fn rebuilt_chunk(
+    array: &Array,
+    members: &[crate::array::Member],
+    slot: usize,
+    stripe: u64,
+    rows: u64,
+) -> Result<Vec<u8>, RaidError> {
     let g = array.geometry();
     match g.level {
         Level::Raid5 | Level::Raid6 => {
             let order = g.members(stripe);
-            let index = order.iter().position(|&d| d == slot).expect("every drive is a member of every stripe");
+            let index = order
+                .iter()
+                .position(|&d| d == slot)
+                .expect("every drive is a member of every stripe");
             let all = array.stripe_rows(members, stripe, 0, rows, Some(slot), true)?;
             Ok(all[index].to_vec())
         }
@@ -304,12 +331,20 @@ pub(crate) fn recover_unclean(array: &Array) -> Result<(), RaidError> {
                 if d >= members.len() || !members[d].writable() {
                     continue;
                 }
-                let (Some(dev), Some(crc)) = (members[d].dev.as_ref(), members[d].crc.as_ref()) else { continue };
-                if record.stripe >= g.stripes() || entry.row as u64 + entry.rows as u64 > array.rows_per_chunk() {
+                let (Some(dev), Some(crc)) = (members[d].dev.as_ref(), members[d].crc.as_ref())
+                else {
+                    continue;
+                };
+                if record.stripe >= g.stripes()
+                    || entry.row as u64 + entry.rows as u64 > array.rows_per_chunk()
+                {
                     tracing::warn!(seq = record.seq, "journal record outside the array; ignored");
                     continue;
                 }
-                dev.write_at(array.device_offset(record.stripe, entry.row as u64), AlignedBuf::from_slice(part))?;
+                dev.write_at(
+                    array.device_offset(record.stripe, entry.row as u64),
+                    AlignedBuf::from_slice(part),
+                )?;
                 crc.set_from_data(array.table_block(record.stripe, entry.row as u64), part);
             }
         }
@@ -339,7 +374,12 @@ pub(crate) fn recover_unclean(array: &Array) -> Result<(), RaidError> {
 
 /// Recomputes checksums from data for every readable member of `stripe`, then makes parity (or
 /// the mirror copies) agree with the data.
-fn resync_stripe(array: &Array, members: &[crate::array::Member], stripe: u64, rows: u64) -> Result<(), RaidError> {
+fn resync_stripe(
+    array: &Array,
+    members: &[crate::array::Member],
+    stripe: u64,
+    rows: u64,
+) -> Result<(), RaidError> {
     let g = array.geometry();
     let len = (rows as usize) * BLOCK_BYTES;
     let mut chunks: Vec<Option<AlignedBuf>> = Vec::with_capacity(g.drives);
@@ -367,7 +407,8 @@ fn resync_stripe(array: &Array, members: &[crate::array::Member], stripe: u64, r
         Level::Raid5 | Level::Raid6 => {
             let order = g.members(stripe);
             let k = g.data_chunks();
-            let data: Vec<&[u8]> = order[..k].iter().map(|&d| &chunks[d].as_ref().expect("checked")[..]).collect();
+            let data: Vec<&[u8]> =
+                order[..k].iter().map(|&d| &chunks[d].as_ref().expect("checked")[..]).collect();
             let mut p = vec![0u8; len];
             let mut q = vec![0u8; len];
             if g.level == Level::Raid6 {

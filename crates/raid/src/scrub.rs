@@ -100,13 +100,15 @@ impl Array {
                     Level::Raid1 | Level::Raid10 => {
                         let mut mismatch = false;
                         for index in 0..g.data_chunks() {
-                            let good = match self.read_chunk_verified(&members, stripe, index, 0, rows) {
-                                Ok(good) => good,
-                                Err(RaidError::Unrecoverable { .. }) => continue,
-                                Err(e) => return Err(e),
-                            };
+                            let good =
+                                match self.read_chunk_verified(&members, stripe, index, 0, rows) {
+                                    Ok(good) => good,
+                                    Err(RaidError::Unrecoverable { .. }) => continue,
+                                    Err(e) => return Err(e),
+                                };
                             for d in g.data_drives(stripe, index).iter() {
-                                if let Some((bad, data)) = self.read_rows_checked(&members[d], stripe, 0, rows)
+                                if let Some((bad, data)) =
+                                    self.read_rows_checked(&members, d, stripe, 0, rows)
                                     && bad.iter().all(|b| !b)
                                     && data[..] != good[..]
                                 {
@@ -121,8 +123,12 @@ impl Array {
                     }
                     Level::Raid0 => {
                         for d in 0..g.drives {
-                            if let Some((bad, _)) = self.read_rows_checked(&members[d], stripe, 0, rows) {
-                                counters.unrecoverable_blocks.fetch_add(bad.iter().filter(|b| **b).count() as u64, Relaxed);
+                            if let Some((bad, _)) =
+                                self.read_rows_checked(&members, d, stripe, 0, rows)
+                            {
+                                counters
+                                    .unrecoverable_blocks
+                                    .fetch_add(bad.iter().filter(|b| **b).count() as u64, Relaxed);
                             }
                         }
                         false

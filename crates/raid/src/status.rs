@@ -83,7 +83,11 @@ impl Array {
                 let written = m.lifetime_written_base + stats.write_bytes;
                 MemberStatus {
                     slot: Some(slot),
-                    device: m.dev.as_ref().map(|d| d.name().to_string()).unwrap_or_else(|| "-".into()),
+                    device: m
+                        .dev
+                        .as_ref()
+                        .map(|d| d.name().to_string())
+                        .unwrap_or_else(|| "-".into()),
                     drive_uuid: m.drive_uuid.to_string(),
                     state: m.state.name(),
                     backend: m.dev.as_ref().map(|d| d.backend().to_string()).unwrap_or_default(),
@@ -189,8 +193,12 @@ impl Array {
 pub fn inspect(labels: &[(String, Superblock)]) -> Option<ArrayStatus> {
     let auth = labels.iter().map(|(_, sb)| sb).max_by_key(|sb| sb.events)?;
     let drives = auth.drives as usize;
-    let geometry = crate::Geometry::new(auth.level, drives, auth.stripe_unit_bytes, auth.layout.data_bytes).ok()?;
-    let find = |uuid| labels.iter().find(|(_, sb)| sb.drive_uuid == uuid && sb.array_uuid == auth.array_uuid);
+    let geometry =
+        crate::Geometry::new(auth.level, drives, auth.stripe_unit_bytes, auth.layout.data_bytes)
+            .ok()?;
+    let find = |uuid| {
+        labels.iter().find(|(_, sb)| sb.drive_uuid == uuid && sb.array_uuid == auth.array_uuid)
+    };
     let describe = |slot: Option<usize>, entry: &crate::superblock::SlotEntry| {
         let found = find(entry.drive_uuid);
         let written = found.map(|(_, sb)| sb.lifetime_bytes_written).unwrap_or(0);
@@ -198,7 +206,11 @@ pub fn inspect(labels: &[(String, Superblock)]) -> Option<ArrayStatus> {
             slot,
             device: found.map(|(n, _)| n.clone()).unwrap_or_else(|| "-".into()),
             drive_uuid: entry.drive_uuid.to_string(),
-            state: if found.is_none() && entry.state == SlotState::Active { "missing" } else { entry.state.name() },
+            state: if found.is_none() && entry.state == SlotState::Active {
+                "missing"
+            } else {
+                entry.state.name()
+            },
             backend: String::new(),
             read_bytes: 0,
             written_bytes: 0,
@@ -212,13 +224,21 @@ pub fn inspect(labels: &[(String, Superblock)]) -> Option<ArrayStatus> {
             write_latency_p99_us: 0,
         }
     };
-    let members: Vec<MemberStatus> = auth.slots.iter().take(drives).enumerate().map(|(i, e)| describe(Some(i), e)).collect();
-    let spares = auth.slots.iter().skip(drives).filter(|e| e.state == SlotState::Spare).map(|e| describe(None, e)).collect();
+    let members: Vec<MemberStatus> =
+        auth.slots.iter().take(drives).enumerate().map(|(i, e)| describe(Some(i), e)).collect();
+    let spares = auth
+        .slots
+        .iter()
+        .skip(drives)
+        .filter(|e| e.state == SlotState::Spare)
+        .map(|e| describe(None, e))
+        .collect();
     let out = members.iter().filter(|m| m.state != "active" && m.state != "rebuilding").count();
     let rebuilding = auth.slots.iter().take(drives).position(|e| e.state == SlotState::Rebuilding);
     let tolerated = match auth.level {
         crate::Level::Raid10 => {
-            let pair_lost = (0..drives / 2).any(|p| members[2 * p].state != "active" && members[2 * p + 1].state != "active");
+            let pair_lost = (0..drives / 2)
+                .any(|p| members[2 * p].state != "active" && members[2 * p + 1].state != "active");
             if pair_lost { 0 } else { drives / 2 }
         }
         _ => geometry.tolerated_failures(),

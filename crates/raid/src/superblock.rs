@@ -121,7 +121,8 @@ impl Layout {
         let mut data_bytes = room / (block + 4) * block / unit * unit;
         loop {
             let crc_bytes = (data_bytes / block * 4).div_ceil(block) * block;
-            let data_offset = (crc_offset + crc_bytes).div_ceil(DATA_ALIGN_BYTES) * DATA_ALIGN_BYTES;
+            let data_offset =
+                (crc_offset + crc_bytes).div_ceil(DATA_ALIGN_BYTES) * DATA_ALIGN_BYTES;
             if data_offset + data_bytes <= capacity {
                 if data_bytes == 0 {
                     return None;
@@ -181,9 +182,13 @@ pub struct Superblock {
 pub enum SuperblockError {
     #[error("no Stria superblock (wrong magic): not a Stria drive, or not created yet")]
     NotStria,
-    #[error("superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the label is damaged")]
+    #[error(
+        "superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the label is damaged"
+    )]
     Checksum { stored: u32, computed: u32 },
-    #[error("superblock format version {0} is not supported by this build (it reads version {FORMAT_VERSION})")]
+    #[error(
+        "superblock format version {0} is not supported by this build (it reads version {FORMAT_VERSION})"
+    )]
     Version(u32),
     #[error("superblock field {0} holds an invalid value")]
     Field(&'static str),
@@ -310,7 +315,8 @@ impl Superblock {
             cursor[..7].copy_from_slice(&b[at + 25..at + 32]);
             slots.push(SlotEntry {
                 drive_uuid: get_uuid(b, at),
-                state: SlotState::from_code(b[at + 16]).ok_or(SuperblockError::Field("slot state"))?,
+                state: SlotState::from_code(b[at + 16])
+                    .ok_or(SuperblockError::Field("slot state"))?,
                 events_left: get_u64(b, at + 17),
                 rebuild_cursor: u64::from_le_bytes(cursor),
             });

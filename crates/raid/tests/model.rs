@@ -1,0 +1,454 @@
+//! Property tests: random reads, writes and trims on every level, compared with a flat in-memory
+//! model, with drive failures, returns, replacements, bit rot and reassembly injected at random
+//! points. Each run is a seed; a seed that ever fails becomes a named regression test below.
+
+use std::sync::Arc;
+
+use stria_io::BlockDevice;
+use stria_io::fault::FaultDevice;
+use stria_io::mem::MemDevice;
+use stria_raid::{Array, ArrayConfig, ArrayState, CreateOptions, Level};
+
+const BLOCK: u64 = 4096;
+
+/// A small deterministic generator (xorshift64*), so every failure is reproducible by its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct Rig {
+    level: Level,
+    faults: Vec<Arc<FaultDevice>>,
+    array: Option<Array>,
+    model: Vec<u8>,
+    spare_count: usize,
+}
+
+fn drive(name: String, bytes: u64) -> Arc<FaultDevice> {
+    Arc::new(FaultDevice::new(Arc::new(MemDevice::new(name, bytes))))
+}
+
+fn as_devs(faults: &[Arc<FaultDevice>]) -> Vec<Arc<dyn BlockDevice>> {
+    faults.iter().map(|f| f.clone() as Arc<dyn BlockDevice>).collect()
+}
+
+impl Rig {
+    fn new(level: Level, drives: usize, unit: u32, drive_bytes: u64) -> Rig {
+        let faults: Vec<_> = (0..drives).map(|i| drive(format!("d{i}"), drive_bytes)).collect();
+        let config =
+            ArrayConfig { level, stripe_unit_bytes: unit, rated_tbw: 1, journal_bytes: None };
+        let array =
+            Array::create(as_devs(&faults), &config, &CreateOptions::default()).expect("create");
+        let model = vec![0u8; array.capacity_bytes() as usize];
+        Rig { level, faults, array: Some(array), model, spare_count: 0 }
+    }
+
+    fn array(&self) -> &Array {
+        self.array.as_ref().expect("assembled")
+    }
+
+    fn out_of_service(&self) -> Vec<usize> {
+        self.slots_where(|state| state != "active")
+    }
+
+    fn replaceable(&self) -> Vec<usize> {
+        self.slots_where(|state| state == "failed" || state == "missing")
+    }
+
+    fn slots_where(&self, wanted: impl Fn(&str) -> bool) -> Vec<usize> {
+        self.array()
+            .status()
+            .members
+            .iter()
+            .filter(|m| wanted(m.state))
+            .filter_map(|m| m.slot)
+            .collect()
+    }
+
+    fn tolerated(&self) -> usize {
+        match self.level {
+            Level::Raid0 => 0,
+            Level::Raid6 => 2,
+            _ => 1,
+        }
+    }
+
+    fn verify_all(&self, seed: u64, step: usize) {
+        let mut buf = vec![0u8; self.model.len()];
+        self.array()
+            .read(0, &mut buf)
+            .unwrap_or_else(|e| panic!("seed {seed} step {step}: full read failed: {e}"));
+        if let Some(at) = buf.iter().zip(&self.model).position(|(a, b)| a != b) {
+            panic!("seed {seed} step {step}: array differs from the model at byte {at}");
+        }
+    }
+
+    fn run(&mut self, seed: u64, steps: usize) {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let blocks = self.model.len() as u64 / BLOCK;
+        for step in 0..steps {
+            let op = rng.below(100);
+            let start = rng.below(blocks);
+            let len = (1 + rng.below(48)).min(blocks - start);
+            let (off, bytes) = (start * BLOCK, (len * BLOCK) as usize);
+            if std::env::var_os("STRIA_MODEL_DEBUG").is_some() {
+                eprintln!(
+                    "step {step}: op {op} off {off} len {bytes} status {:?}",
+                    self.slots_where(|s| s != "active")
+                );
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let report = self.array().scrub(false, None, &stop, &mut |_, _| {}).expect("check");
+                assert!(report.clean(), "seed {seed} before step {step}: {report:?}");
+            }
+            match op {
+                0..=39 => {
+                    let fill = rng.next();
+                    let data: Vec<u8> = (0..bytes)
+                        .map(|i| (fill >> (i % 8 * 8)) as u8 ^ (i / 4096) as u8)
+                        .collect();
+                    self.array()
+                        .write(off, &data)
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: write: {e}"));
+                    self.model[off as usize..off as usize + bytes].copy_from_slice(&data);
+                }
+                40..=69 => {
+                    let mut buf = vec![0u8; bytes];
+                    self.array()
+                        .read(off, &mut buf)
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: read: {e}"));
+                    assert!(
+                        buf == self.model[off as usize..off as usize + bytes],
+                        "seed {seed} step {step}: read at {off} differs"
+                    );
+                }
+                70..=74 => {
+                    self.array()
+                        .trim(off, bytes as u64)
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: trim: {e}"));
+                    self.model[off as usize..off as usize + bytes].fill(0);
+                }
+                75..=79 if self.tolerated() > 0 => {
+                    // Fail a drive if the level still tolerates one more loss.
+                    let out = self.out_of_service();
+                    if out.len() < self.tolerated()
+                        && (self.level != Level::Raid10 || out.is_empty())
+                    {
+                        let slot = rng.below(self.faults.len() as u64) as usize;
+                        if !out.contains(&slot) {
+                            self.array()
+                                .fail_drive(slot)
+                                .unwrap_or_else(|e| panic!("seed {seed} step {step}: fail: {e}"));
+                        }
+                    }
+                }
+                80..=84 => {
+                    // Replace an out-of-service drive: sometimes the same drive coming back
+                    // (bitmap resync), sometimes a fresh one (full rebuild).
+                    if let Some(&slot) = self.replaceable().first() {
+                        let returning = rng.below(2) == 0;
+                        if std::env::var_os("STRIA_MODEL_DEBUG").is_some() {
+                            eprintln!(
+                                "replace slot {slot} returning={returning} states={:?}",
+                                self.array()
+                                    .status()
+                                    .members
+                                    .iter()
+                                    .map(|m| m.state)
+                                    .collect::<Vec<_>>()
+                            );
+                        }
+                        let dev = if returning {
+                            self.faults[slot].clone()
+                        } else {
+                            self.spare_count += 1;
+                            let fresh = drive(
+                                format!("r{}", self.spare_count),
+                                self.faults[slot].capacity_bytes(),
+                            );
+                            self.faults[slot] = fresh.clone();
+                            fresh
+                        };
+                        self.array()
+                            .replace(slot, dev)
+                            .unwrap_or_else(|e| panic!("seed {seed} step {step}: replace: {e}"));
+                        if rng.below(2) == 0 {
+                            self.array().wait_rebuild().unwrap_or_else(|e| {
+                                panic!("seed {seed} step {step}: rebuild: {e}")
+                            });
+                        }
+                    }
+                }
+                85..=89 if self.tolerated() > 0 => {
+                    // Bit rot on one drive's data area, then a full read that must repair it.
+                    // Only when optimal, so one flip never meets another loss in the same row.
+                    self.array()
+                        .wait_rebuild()
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: rebuild: {e}"));
+                    if self.out_of_service().is_empty() {
+                        let layout = self.array().layout();
+                        let d = rng.below(self.faults.len() as u64) as usize;
+                        let bit =
+                            (layout.data_offset + rng.below(layout.data_bytes)) * 8 + rng.below(8);
+                        self.faults[d].flip_bit(bit).expect("flip");
+                        // A normal read touches one copy and no parity, so rot elsewhere is
+                        // the scrub's to find: it must find and repair exactly this one block.
+                        let stop = std::sync::atomic::AtomicBool::new(false);
+                        let report =
+                            self.array().scrub(true, None, &stop, &mut |_, _| {}).expect("scrub");
+                        assert_eq!(
+                            (
+                                report.checksum_errors,
+                                report.repaired_blocks,
+                                report.parity_mismatches
+                            ),
+                            (1, 1, 0),
+                            "seed {seed} step {step}: scrub after one flipped bit: {report:?}"
+                        );
+                        self.verify_all(seed, step);
+                    }
+                }
+                90..=94 => {
+                    self.array()
+                        .flush()
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: flush: {e}"));
+                }
+                _ => {
+                    // Close and reassemble from the drives alone.
+                    let array = self.array.take().expect("assembled");
+                    array.close().unwrap_or_else(|e| panic!("seed {seed} step {step}: close: {e}"));
+                    let array = Array::assemble(as_devs(&self.faults))
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: assemble: {e}"));
+                    self.array = Some(array);
+                }
+            }
+        }
+        self.array().wait_rebuild().expect("final rebuild");
+        for slot in self.replaceable() {
+            let fresh = drive(format!("final{slot}"), self.faults[slot].capacity_bytes());
+            self.faults[slot] = fresh.clone();
+            self.array().replace(slot, fresh).expect("final replace");
+        }
+        self.array().wait_rebuild().expect("final rebuild");
+        self.verify_all(seed, steps);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let report = self.array().scrub(false, None, &stop, &mut |_, _| {}).expect("check");
+        assert!(report.clean(), "seed {seed}: final check not clean: {report:?}");
+        if self.tolerated() > 0 {
+            assert_eq!(
+                self.array().status().state,
+                ArrayState::Optimal,
+                "seed {seed}: not optimal after rebuilds"
+            );
+        }
+    }
+}
+
+fn run_seeds(level: Level, drives: usize, unit: u32, seeds: std::ops::Range<u64>, steps: usize) {
+    for seed in seeds {
+        let mut rig = Rig::new(level, drives, unit, 24 << 20);
+        rig.run(seed, steps);
+    }
+}
+
+#[test]
+fn raid0_matches_the_model() {
+    run_seeds(Level::Raid0, 3, 16 * 1024, 0..6, 150);
+}
+
+#[test]
+fn raid1_matches_the_model_through_failures() {
+    run_seeds(Level::Raid1, 3, 8 * 1024, 100..106, 150);
+}
+
+#[test]
+fn raid10_matches_the_model_through_failures() {
+    run_seeds(Level::Raid10, 4, 16 * 1024, 200..206, 150);
+}
+
+#[test]
+fn raid5_matches_the_model_through_failures() {
+    run_seeds(Level::Raid5, 4, 16 * 1024, 300..308, 150);
+}
+
+#[test]
+fn raid6_matches_the_model_through_failures() {
+    run_seeds(Level::Raid6, 6, 4 * 1024, 400..408, 150);
+}
+
+#[test]
+fn regression_seed_401_raid6() {
+    run_seeds(Level::Raid6, 6, 4 * 1024, 401..402, 150);
+}
+
+#[test]
+fn raid6_wide_with_large_units() {
+    run_seeds(Level::Raid6, 9, 64 * 1024, 500..503, 120);
+}
+
+#[test]
+fn losing_more_drives_than_tolerated_refuses_io() {
+    let rig = Rig::new(Level::Raid5, 4, 16 * 1024, 24 << 20);
+    rig.array().write(0, &vec![7u8; 65536]).unwrap();
+    rig.faults[1].fail();
+    rig.faults[2].fail();
+    // The first write notices both failures; after that every I/O is refused.
+    let _ = rig.array().write(0, &vec![8u8; 65536]);
+    let mut buf = vec![0u8; 65536];
+    let err =
+        rig.array().read(0, &mut buf).expect_err("two lost drives on raid5 must refuse reads");
+    assert!(err.to_string().contains("array has failed"), "{err}");
+    assert_eq!(rig.array().status().state, ArrayState::Failed);
+}
+
+#[test]
+fn a_failed_write_fails_the_drive_and_data_survives() {
+    let rig = Rig::new(Level::Raid6, 5, 16 * 1024, 24 << 20);
+    rig.faults[3].fail_after_writes(0);
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    rig.array().write(0, &data).unwrap();
+    let status = rig.array().status();
+    assert_eq!(status.members[3].state, "failed");
+    assert_eq!(status.state, ArrayState::Degraded);
+    let mut back = vec![0u8; data.len()];
+    rig.array().read(0, &mut back).unwrap();
+    assert!(back == data);
+}
+
+#[test]
+fn bit_rot_is_detected_counted_and_repaired() {
+    let rig = Rig::new(Level::Raid5, 4, 16 * 1024, 24 << 20);
+    let data: Vec<u8> = (0..256 * 1024).map(|i| (i % 253) as u8).collect();
+    rig.array().write(0, &data).unwrap();
+    let layout = rig.array().layout();
+    for d in 0..4 {
+        rig.faults[d].flip_bit((layout.data_offset + 5000 + d as u64 * 16384) * 8).unwrap();
+    }
+    let mut back = vec![0u8; data.len()];
+    rig.array().read(0, &mut back).unwrap();
+    assert!(back == data);
+    let status = rig.array().status();
+    assert!(status.checksum_errors >= 3, "{status:?}");
+    assert!(status.repaired_blocks >= 3, "{status:?}");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let report = rig.array().scrub(false, None, &stop, &mut |_, _| {}).unwrap();
+    assert!(report.clean(), "repaired blocks must verify afterwards: {report:?}");
+}
+
+#[test]
+fn raid0_bit_rot_is_an_error_not_wrong_data() {
+    let rig = Rig::new(Level::Raid0, 2, 16 * 1024, 24 << 20);
+    rig.array().write(0, &vec![1u8; 65536]).unwrap();
+    let layout = rig.array().layout();
+    rig.faults[0].flip_bit(layout.data_offset * 8 + 3).unwrap();
+    let mut back = vec![0u8; 65536];
+    let err = rig.array().read(0, &mut back).expect_err("no redundancy to repair from");
+    assert!(err.to_string().contains("cannot be recovered"), "{err}");
+}
+
+#[test]
+fn foreign_and_duplicate_drives_are_refused() {
+    let a = Rig::new(Level::Raid1, 2, 16 * 1024, 24 << 20);
+    let b = Rig::new(Level::Raid1, 2, 16 * 1024, 24 << 20);
+    let mut mixed = as_devs(&a.faults);
+    mixed.push(b.faults[0].clone());
+    let err = Array::assemble(mixed).expect_err("foreign drive");
+    assert!(err.to_string().contains("belongs to another array"), "{err}");
+    let dup =
+        vec![a.faults[0].clone() as Arc<dyn BlockDevice>, a.faults[0].clone(), a.faults[1].clone()];
+    let err = Array::assemble(dup).expect_err("duplicate drive");
+    assert!(err.to_string().contains("same drive id"), "{err}");
+}
+
+#[test]
+fn hot_spare_takes_over_a_failed_drive() {
+    let rig = Rig::new(Level::Raid5, 3, 16 * 1024, 24 << 20);
+    let data: Vec<u8> = (0..512 * 1024).map(|i| (i % 241) as u8).collect();
+    rig.array().write(0, &data).unwrap();
+    let spare = drive("spare".into(), 24 << 20);
+    rig.array().add_spare(spare.clone()).unwrap();
+    rig.array().fail_drive(1).unwrap();
+    rig.array().wait_rebuild().unwrap();
+    let status = rig.array().status();
+    assert_eq!(status.state, ArrayState::Optimal);
+    assert_eq!(status.members[1].device, "spare");
+    // The spare now holds real data: lose another drive and read everything back.
+    rig.array().fail_drive(0).unwrap();
+    let mut back = vec![0u8; data.len()];
+    rig.array().read(0, &mut back).unwrap();
+    assert!(back == data);
+}
+
+#[test]
+fn returning_drive_resyncs_only_written_regions() {
+    let rig = Rig::new(Level::Raid1, 2, 16 * 1024, 64 << 20);
+    rig.array().write(0, &vec![1u8; 1 << 20]).unwrap();
+    rig.array().flush().unwrap();
+    rig.array().fail_drive(1).unwrap();
+    rig.array().write(0, &vec![2u8; 65536]).unwrap();
+    let before = rig.faults[1].stats().snapshot().write_bytes;
+    rig.array().replace(1, rig.faults[1].clone()).unwrap();
+    rig.array().wait_rebuild().unwrap();
+    let written = rig.faults[1].stats().snapshot().write_bytes - before;
+    let capacity = rig.array().capacity_bytes();
+    assert!(written < capacity / 4, "resync wrote {written} bytes of a {capacity}-byte array");
+    rig.array().fail_drive(0).unwrap();
+    let mut back = vec![0u8; 65536];
+    rig.array().read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 2));
+}
+
+#[test]
+fn rebuild_interrupted_by_a_restart_resumes_and_ends_consistent() {
+    let mut rig = Rig::new(Level::Raid6, 6, 4 * 1024, 24 << 20);
+    let data: Vec<u8> = (0..4 << 20).map(|i| (i * 13 % 251) as u8).collect();
+    rig.array().write(0, &data).unwrap();
+    rig.array().fail_drive(3).unwrap();
+    let fresh = drive("fresh".into(), 24 << 20);
+    rig.faults[3] = fresh.clone();
+    rig.array().set_rebuild_rate(8 << 20);
+    rig.array().replace(3, fresh).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    rig.array.take().unwrap().close().unwrap();
+    let array = Array::assemble(as_devs(&rig.faults)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let report = array.scrub(false, None, &stop, &mut |_, _| {}).unwrap();
+    assert!(report.clean(), "after restart mid-rebuild: {report:?}");
+    array.wait_rebuild().unwrap();
+    let report = array.scrub(false, None, &stop, &mut |_, _| {}).unwrap();
+    assert!(report.clean(), "after the resumed rebuild: {report:?}");
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).unwrap();
+    assert!(back == data);
+}
+
+#[test]
+fn drive_returning_at_assembly_after_another_was_rebuilt() {
+    let mut rig = Rig::new(Level::Raid6, 6, 4 * 1024, 24 << 20);
+    let data: Vec<u8> = (0..4 << 20).map(|i| (i * 13 % 251) as u8).collect();
+    rig.array().write(0, &data).unwrap();
+    rig.array().flush().unwrap();
+    rig.array().fail_drive(3).unwrap();
+    rig.array().write(8192, &vec![9u8; 40960]).unwrap();
+    rig.array().fail_drive(0).unwrap();
+    rig.array().write(1 << 20, &vec![7u8; 12288]).unwrap();
+    let fresh = drive("fresh".into(), 24 << 20);
+    rig.faults[0] = fresh.clone();
+    rig.array().replace(0, fresh).unwrap();
+    rig.array().wait_rebuild().unwrap();
+    rig.array.take().unwrap().close().unwrap();
+    let array = Array::assemble(as_devs(&rig.faults)).unwrap();
+    array.wait_rebuild().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let report = array.scrub(false, None, &stop, &mut |_, _| {}).unwrap();
+    assert!(report.clean(), "{report:?} {:?}", array.warnings());
+}
