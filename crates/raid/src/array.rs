@@ -386,6 +386,7 @@ impl Array {
         let mut members = Vec::with_capacity(drives);
         let mut readds = Vec::new();
         let mut used = vec![false; labelled.len()];
+        let mut newly_missing = false;
         for (slot, entry) in auth.slots.iter().take(drives).enumerate() {
             let found = labelled.iter().position(|(_, sb)| sb.drive_uuid == entry.drive_uuid);
             let Some(index) = found else {
@@ -394,8 +395,13 @@ impl Array {
                     _ => SlotState::Missing,
                 });
                 m.drive_uuid = entry.drive_uuid;
-                m.events_left =
-                    if entry.state == SlotState::Failed { entry.events_left } else { auth.events };
+                m.events_left = if matches!(entry.state, SlotState::Active | SlotState::Rebuilding)
+                {
+                    newly_missing = true;
+                    auth.events
+                } else {
+                    entry.events_left
+                };
                 if entry.state != SlotState::Failed {
                     warnings.push(format!("slot {slot}: drive {} is missing", entry.drive_uuid));
                 }
@@ -475,6 +481,11 @@ impl Array {
             auth.events,
             auth.journal_epoch,
         );
+        if newly_missing {
+            // Membership changed: the labels written below must outrank the missing drive's own,
+            // so it is recognised as stale (and resynced) when it comes back.
+            array.inner.events.fetch_add(1, Relaxed);
+        }
         array.inner.warnings.lock().unwrap_or_else(|e| e.into_inner()).extend(warnings);
         for w in array.warnings() {
             tracing::warn!(array = %array.inner.uuid, "{w}");

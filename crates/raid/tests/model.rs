@@ -452,3 +452,23 @@ fn drive_returning_at_assembly_after_another_was_rebuilt() {
     let report = array.scrub(false, None, &stop, &mut |_, _| {}).unwrap();
     assert!(report.clean(), "{report:?} {:?}", array.warnings());
 }
+
+#[test]
+fn drive_missing_at_one_assembly_is_resynced_when_it_returns() {
+    let mut rig = Rig::new(Level::Raid5, 4, 16 * 1024, 24 << 20);
+    rig.array().write(0, &vec![1u8; 1 << 20]).unwrap();
+    rig.array.take().unwrap().close().unwrap();
+    let without: Vec<Arc<dyn BlockDevice>> = as_devs(&rig.faults[..3]);
+    let degraded = Array::assemble(without).unwrap();
+    degraded.write(0, &vec![2u8; 1 << 20]).unwrap();
+    degraded.close().unwrap();
+    // The missing drive comes back listed last: its old label must not win.
+    let array = Array::assemble(as_devs(&rig.faults)).unwrap();
+    array.wait_rebuild().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    assert!(array.scrub(false, None, &stop, &mut |_, _| {}).unwrap().clean());
+    array.fail_drive(0).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    array.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 2));
+}
