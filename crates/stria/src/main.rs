@@ -1,1 +1,184 @@
-fn main() {}
+//! The `stria` binary: the command line for every Stria role.
+//!
+//! This crate owns argument parsing, logging setup, progress display and the mapping of errors to
+//! one-line messages and exit codes (2: the command line was wrong; 1: the operation failed). It
+//! holds no storage logic of its own: arrays, drives and parity live in `stria-raid` and
+//! `stria-io`, and every command here is a thin, careful driver of their public API.
+
+mod interrupt;
+mod raid_bench;
+mod raid_cmd;
+mod raid_io;
+mod rng;
+mod torture;
+mod units;
+
+use std::fmt;
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{ArgAction, Parser, Subcommand};
+
+/// Stria: a storage system. `stria raid` manages software RAID arrays over drives or files.
+#[derive(Parser, Debug)]
+#[command(name = "stria", version, propagate_version = true)]
+struct Cli {
+    /// More log output on stderr: -v warnings, -vv progress of background work, -vvv debug.
+    /// RUST_LOG, when set, takes precedence (e.g. RUST_LOG=stria_raid=debug).
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Software RAID 0, 1, 10, 5 and 6 over block devices or drive files: create, inspect,
+    /// fail, replace, rebuild, scrub, raw read/write and benchmark.
+    Raid(raid_cmd::RaidArgs),
+}
+
+/// The command line asked for something impossible (exit code 2). Every other error is a
+/// failure of the operation itself (exit code 1).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Shorthand for returning a [`UsageError`] through `anyhow`.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message.into()))
+}
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(&e),
+    };
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Raid(args) => raid_cmd::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` joins the context chain with ": " into one line.
+            let message = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {message}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            }
+        }
+    }
+}
+
+/// Help and version go out as clap writes them; every real parse error becomes one line, so
+/// scripts and people see the problem without a page of usage text.
+fn clap_error(e: &clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(EXIT_USAGE)
+        }
+        _ => {
+            eprintln!("error: {} (see --help)", one_line(&e.render().to_string()));
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// Folds clap's multi-line error text into one line, dropping the usage block and the
+/// "for more information" hint (replaced by "see --help").
+fn one_line(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            !line.is_empty()
+                && !line.starts_with("Usage:")
+                && !line.starts_with("For more information")
+        })
+        .map(|line| line.strip_prefix("error:").unwrap_or(line).trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    // Only errors by default: the commands print what a user needs (assembly warnings,
+    // progress, reports) themselves, and the libraries' warnings would repeat them.
+    let default = match verbose {
+        0 => "error",
+        1 => "warn",
+        2 => "info",
+        _ => "debug",
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.is_empty() => {
+            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(default))
+        }
+        _ => EnvFilter::new(default),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(verbose >= 3)
+        .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn clap_errors_fold_into_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  --slot <SLOT>\n\nUsage: stria raid fail --slot <SLOT> <DRIVE>...\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line(rendered),
+            "the following required arguments were not provided: --slot <SLOT>"
+        );
+    }
+
+    #[test]
+    fn every_argument_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(arg.get_help().is_some(), "{path} {id} has no help text");
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                assert!(sub.get_about().is_some(), "{path} {} has no help text", sub.get_name());
+                walk(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "stria");
+    }
+}
