@@ -7,8 +7,10 @@
 
 mod interrupt;
 mod raid_bench;
+mod raid_bench_report;
 mod raid_cmd;
 mod raid_io;
+mod raid_status;
 mod rng;
 mod torture;
 mod units;
@@ -138,6 +140,7 @@ fn init_logging(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(verbose >= 3)
         .init();
 }

@@ -18,18 +18,21 @@ use serde::Serialize;
 use stria_io::BlockDevice;
 use stria_io::file::{DriveOptions, create_drive_file, open_drive};
 use stria_proto::{ARRAY_DRIVES_MAX, BLOCK_BYTES};
-use stria_raid::{Array, ArrayConfig, CreateOptions, Geometry, Level};
+use stria_raid::{Array, ArrayConfig, CreateOptions, Geometry, Kernel, Level};
 
 use crate::interrupt;
+use crate::raid_bench_report::{
+    BenchConfig, BenchReport, CellResult, RandomResult, SeqResult, print_report, ratios,
+};
 use crate::rng::SplitMix64;
 use crate::units::{format_bytes, parse_size};
 use crate::usage;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 /// The nominal sequential request; parity levels round it to whole stripes.
-const SEQ_IO_BYTES: u64 = 1024 * 1024;
+pub(crate) const SEQ_IO_BYTES: u64 = 1024 * 1024;
 /// Read percentages of the random mixes.
-const RANDOM_READ_PERCENTS: [u32; 5] = [100, 70, 50, 30, 0];
+pub(crate) const RANDOM_READ_PERCENTS: [u32; 5] = [100, 70, 50, 30, 0];
 /// Most threads one measurement may start.
 const THREADS_MAX: usize = 256;
 /// Longest single measurement.
@@ -41,7 +44,7 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum BenchState {
+pub(crate) enum BenchState {
     /// All drives in service.
     Optimal,
     /// Slot 0 failed after the prefill; reads of its data are reconstructed.
@@ -51,7 +54,7 @@ enum BenchState {
 }
 
 impl BenchState {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BenchState::Optimal => "optimal",
             BenchState::Degraded => "degraded",
@@ -100,71 +103,6 @@ pub struct BenchArgs {
 
 fn parse_level(text: &str) -> Result<Level, String> {
     text.parse()
-}
-
-#[derive(Serialize, Debug)]
-struct RandomResult {
-    read_percent: u32,
-    iops: f64,
-    mean_latency_us: f64,
-    /// Rebuilding cells: whether the rebuild ran for the whole measurement.
-    rebuild_active: Option<bool>,
-}
-
-#[derive(Serialize, Debug)]
-struct SeqResult {
-    queue_depth: usize,
-    mb_per_s: f64,
-    rebuild_active: Option<bool>,
-}
-
-#[derive(Serialize, Debug)]
-struct CellResult {
-    level: String,
-    state: BenchState,
-    capacity_bytes: u64,
-    working_set_bytes: u64,
-    /// Bytes per sequential request: 1 MiB, rounded to whole stripes on parity levels.
-    seq_io_bytes: u64,
-    random: Vec<RandomResult>,
-    seq_write: Vec<SeqResult>,
-    seq_read: Vec<SeqResult>,
-    /// Rebuilding cells: whether a rebuild ran through every measurement.
-    rebuild_active_whole_time: Option<bool>,
-    /// Rebuilding cells: how often slot 0 was failed and replaced again to keep a rebuild going.
-    rebuild_restarts: u32,
-}
-
-#[derive(Serialize, Debug)]
-struct Ratio {
-    /// `seq_write_vs_raid0`, `degraded_seq_read_vs_optimal`, `rebuilding_vs_optimal_*`.
-    what: String,
-    level: String,
-    queue_depth: Option<usize>,
-    ratio: f64,
-}
-
-#[derive(Serialize, Debug)]
-struct BenchConfig {
-    dir: String,
-    drives: usize,
-    drive_size_bytes: u64,
-    stripe_unit_bytes: u64,
-    seconds: f64,
-    queue_depths: Vec<usize>,
-    random_depth: usize,
-    working_set_bytes: u64,
-    direct_io: bool,
-    backend: String,
-    parity_kernel: String,
-}
-
-#[derive(Serialize, Debug)]
-struct BenchReport {
-    config: BenchConfig,
-    cells: Vec<CellResult>,
-    skipped: Vec<String>,
-    ratios: Vec<Ratio>,
 }
 
 fn validate(args: &BenchArgs) -> Result<()> {
@@ -241,8 +179,6 @@ struct Plan<'a> {
     args: &'a BenchArgs,
     options: DriveOptions,
     bar: &'a ProgressBar,
-    backend: Mutex<String>,
-    kernel: Mutex<String>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -291,13 +227,8 @@ fn run_in_dir(args: &BenchArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let plan = Plan {
-        args,
-        options: DriveOptions { direct_io, ..DriveOptions::default() },
-        bar: &bar,
-        backend: Mutex::new(String::new()),
-        kernel: Mutex::new(String::new()),
-    };
+    let plan =
+        Plan { args, options: DriveOptions { direct_io, ..DriveOptions::default() }, bar: &bar };
     let mut cells = Vec::new();
     for (level, state) in cells_todo {
         if interrupt::requested() {
@@ -327,8 +258,8 @@ fn run_in_dir(args: &BenchArgs) -> Result<()> {
             random_depth: args.random_depth,
             working_set_bytes,
             direct_io,
-            backend: plan.backend.lock().map(|b| b.clone()).unwrap_or_default(),
-            parity_kernel: plan.kernel.lock().map(|k| k.clone()).unwrap_or_default(),
+            backend: cells.first().map(|c| c.backend.clone()).unwrap_or_default(),
+            parity_kernel: Kernel::best().name().to_string(),
         },
         cells,
         skipped,
@@ -364,9 +295,7 @@ fn run_cell(plan: &Plan, level: Level, state: BenchState) -> Result<CellResult> 
         scratch.create(path.clone(), args.drive_size)?;
         devs.push(open_drive(&path, &plan.options)?);
     }
-    if let Ok(mut backend) = plan.backend.lock() {
-        *backend = devs[0].backend().to_string();
-    }
+    let backend = devs[0].backend().to_string();
     let config = ArrayConfig {
         level,
         stripe_unit_bytes: args.stripe_unit as u32,
@@ -374,14 +303,11 @@ fn run_cell(plan: &Plan, level: Level, state: BenchState) -> Result<CellResult> 
         journal_bytes: None,
     };
     let array = Array::create(devs, &config, &CreateOptions::default())?;
-    if let Ok(mut kernel) = plan.kernel.lock() {
-        *kernel = array.kernel().name().to_string();
-    }
     let result = measure_cell(plan, &array, &mut scratch, &stem, state);
     let closed = array.close();
     let cell = result?;
     closed?;
-    Ok(cell)
+    Ok(CellResult { backend, ..cell })
 }
 
 fn measure_cell(
@@ -405,23 +331,25 @@ fn measure_cell(
     }
     plan.bar.set_message("prefill");
     prefill(array, working_set, io)?;
-    let mut restarts = 0u32;
+    let mut replacements = 0u32;
     let mut slot0_path = scratch.paths[0].clone();
-    let mut ensure_rebuild = |array: &Array| -> Result<Option<bool>> {
+    // Puts the array into the cell's state before each measurement: a rebuild that ended, or
+    // would end before the measurement does, is started over on a fresh drive.
+    let mut prepare = |array: &Array| -> Result<()> {
         match state {
-            BenchState::Optimal => Ok(None),
+            BenchState::Optimal => Ok(()),
             BenchState::Degraded => {
                 if array.status().members[0].state == "active" {
                     array.fail_drive(0)?;
                 }
-                Ok(None)
+                Ok(())
             }
             BenchState::Rebuilding => {
                 if rebuild_left_s(array) < args.seconds {
                     if array.status().members[0].state != "failed" {
                         array.fail_drive(0)?;
                     }
-                    let path = args.dir.join(format!("{stem}-0-r{restarts}"));
+                    let path = args.dir.join(format!("{stem}-0-r{replacements}"));
                     scratch.create(path.clone(), args.drive_size)?;
                     array.replace(0, open_drive(&path, &plan.options)?)?;
                     // The drive that left is unlinked at once (the array may still hold it
@@ -429,18 +357,21 @@ fn measure_cell(
                     let old = std::mem::replace(&mut slot0_path, path);
                     scratch.paths.retain(|p| *p != old);
                     let _ = std::fs::remove_file(old);
-                    restarts += 1;
+                    replacements += 1;
                 }
-                Ok(Some(true))
+                Ok(())
             }
         }
     };
-    let still_rebuilding = |array: &Array| array.rebuild_progress().is_some();
+    // Whether the rebuild started by `prepare` is still running at the end of a measurement.
+    let rebuild_still_running = |array: &Array| {
+        (state == BenchState::Rebuilding).then(|| array.rebuild_progress().is_some())
+    };
     let mut random = Vec::new();
     for read_percent in RANDOM_READ_PERCENTS {
         check_interrupt()?;
         plan.bar.set_message(format!("random {read_percent}/{}", 100 - read_percent));
-        let active = ensure_rebuild(array)?;
+        prepare(array)?;
         let (iops, mean_latency_us) = measure_random(
             array,
             working_set / BLOCK,
@@ -448,7 +379,7 @@ fn measure_cell(
             read_percent,
             args.seconds,
         )?;
-        let rebuild_active = active.map(|_| still_rebuilding(array));
+        let rebuild_active = rebuild_still_running(array);
         random.push(RandomResult { read_percent, iops, mean_latency_us, rebuild_active });
         plan.bar.inc(1);
     }
@@ -457,9 +388,9 @@ fn measure_cell(
         for &qd in &args.queue_depths {
             check_interrupt()?;
             plan.bar.set_message(format!("seq{} qd{qd}", if write { "W" } else { "R" }));
-            let active = ensure_rebuild(array)?;
+            prepare(array)?;
             let mb_per_s = measure_seq(array, working_set, io, qd, write, args.seconds)?;
-            let rebuild_active = active.map(|_| still_rebuilding(array));
+            let rebuild_active = rebuild_still_running(array);
             out.push(SeqResult { queue_depth: qd, mb_per_s, rebuild_active });
             plan.bar.inc(1);
         }
@@ -484,7 +415,8 @@ fn measure_cell(
         seq_write,
         seq_read,
         rebuild_active_whole_time,
-        rebuild_restarts: restarts,
+        rebuild_replacements: replacements,
+        backend: String::new(),
     })
 }
 
@@ -529,8 +461,9 @@ fn prefill(array: &Array, working_set: u64, io: u64) -> Result<()> {
     array.flush().context("prefill flush")
 }
 
-/// Runs `threads` workers until `seconds` pass; each calls `op(thread, rng)` in a loop and
-/// returns (ops, total latency in ns). Stops early on the first error, which is returned.
+/// Runs `threads` workers until `seconds` pass, each calling `op(thread, rng, buffer)` in a
+/// loop; returns (ops, summed latency in ns, elapsed seconds). All stop at the first error,
+/// which is returned.
 fn run_workers(
     threads: usize,
     seconds: f64,
@@ -621,202 +554,6 @@ fn measure_seq(
     Ok((ops * io) as f64 / elapsed / 1e6)
 }
 
-fn find<'a>(cells: &'a [CellResult], level: &str, state: BenchState) -> Option<&'a CellResult> {
-    cells.iter().find(|c| c.level == level && c.state == state)
-}
-
-fn seq_at(list: &[SeqResult], qd: usize) -> Option<f64> {
-    list.iter().find(|s| s.queue_depth == qd).map(|s| s.mb_per_s)
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    }
-}
-
-/// The comparisons the benchmark exists for.
-fn ratios(cells: &[CellResult], queue_depths: &[usize]) -> Vec<Ratio> {
-    let mut out = Vec::new();
-    let mut push = |what: &str, level: &str, queue_depth: Option<usize>, value: Option<f64>| {
-        if let Some(ratio) = value {
-            out.push(Ratio {
-                what: what.to_string(),
-                level: level.to_string(),
-                queue_depth,
-                ratio,
-            });
-        }
-    };
-    let raid0 = find(cells, "raid0", BenchState::Optimal);
-    for level in ["raid5", "raid6"] {
-        if let (Some(parity), Some(raid0)) = (find(cells, level, BenchState::Optimal), raid0) {
-            for &qd in queue_depths {
-                push(
-                    "seq_write_vs_raid0",
-                    level,
-                    Some(qd),
-                    ratio(seq_at(&parity.seq_write, qd), seq_at(&raid0.seq_write, qd)),
-                );
-            }
-        }
-    }
-    let mut levels: Vec<&str> = cells.iter().map(|c| c.level.as_str()).collect();
-    levels.dedup();
-    for level in levels {
-        let Some(optimal) = find(cells, level, BenchState::Optimal) else { continue };
-        if let Some(degraded) = find(cells, level, BenchState::Degraded) {
-            for &qd in queue_depths {
-                push(
-                    "degraded_seq_read_vs_optimal",
-                    level,
-                    Some(qd),
-                    ratio(seq_at(&degraded.seq_read, qd), seq_at(&optimal.seq_read, qd)),
-                );
-            }
-        }
-        if let Some(rebuilding) = find(cells, level, BenchState::Rebuilding) {
-            let random: Vec<f64> = rebuilding
-                .random
-                .iter()
-                .zip(&optimal.random)
-                .filter_map(|(r, o)| ratio(Some(r.iops), Some(o.iops)))
-                .collect();
-            let mean =
-                (!random.is_empty()).then(|| random.iter().sum::<f64>() / random.len() as f64);
-            push("rebuilding_vs_optimal_random_iops", level, None, mean);
-            for &qd in queue_depths {
-                push(
-                    "rebuilding_vs_optimal_seq_write",
-                    level,
-                    Some(qd),
-                    ratio(seq_at(&rebuilding.seq_write, qd), seq_at(&optimal.seq_write, qd)),
-                );
-                push(
-                    "rebuilding_vs_optimal_seq_read",
-                    level,
-                    Some(qd),
-                    ratio(seq_at(&rebuilding.seq_read, qd), seq_at(&optimal.seq_read, qd)),
-                );
-            }
-        }
-    }
-    out
-}
-
-fn print_report(report: &BenchReport) {
-    let c = &report.config;
-    println!(
-        "stria raid bench: {} drives of {} in {} ({}, {}), stripe unit {}, parity kernel {}",
-        c.drives,
-        format_bytes(c.drive_size_bytes),
-        c.dir,
-        c.backend,
-        if c.direct_io { "O_DIRECT" } else { "tmpfs, buffered" },
-        format_bytes(c.stripe_unit_bytes),
-        c.parity_kernel
-    );
-    println!(
-        "{} s per measurement; random: 4 KiB, {} threads; sequential: QD threads each on its own region; working set {}",
-        c.seconds,
-        c.random_depth,
-        format_bytes(c.working_set_bytes)
-    );
-    println!();
-    let mut header = format!("{:<6} {:<11}", "level", "state");
-    for p in RANDOM_READ_PERCENTS {
-        header += &format!(" {:>9}", format!("rnd{p}/{}", 100 - p));
-    }
-    header += " (kIOPS) |";
-    for qd in &c.queue_depths {
-        header += &format!(" {:>9}", format!("seqW qd{qd}"));
-    }
-    header += " |";
-    for qd in &c.queue_depths {
-        header += &format!(" {:>9}", format!("seqR qd{qd}"));
-    }
-    header += " (MB/s)  rebuild";
-    println!("{header}");
-    for cell in &report.cells {
-        let mut line = format!("{:<6} {:<11}", cell.level, cell.state.name());
-        for r in &cell.random {
-            line += &format!(" {:>9.1}", r.iops / 1000.0);
-        }
-        line += "         |";
-        for s in &cell.seq_write {
-            line += &format!(" {:>9.0}", s.mb_per_s);
-        }
-        line += " |";
-        for s in &cell.seq_read {
-            line += &format!(" {:>9.0}", s.mb_per_s);
-        }
-        let rebuild = match cell.rebuild_active_whole_time {
-            None => "-".to_string(),
-            Some(true) => format!("active throughout ({} restarts)", cell.rebuild_restarts),
-            Some(false) => format!("ended during some runs ({} restarts)", cell.rebuild_restarts),
-        };
-        line += &format!("         {rebuild}");
-        println!("{line}");
-    }
-    println!();
-    println!("mean latency of the random runs (us):");
-    for cell in &report.cells {
-        let mut line = format!("{:<6} {:<11}", cell.level, cell.state.name());
-        for r in &cell.random {
-            line += &format!(" {:>9.0}", r.mean_latency_us);
-        }
-        println!("{line}");
-    }
-    for cell in report
-        .cells
-        .iter()
-        .filter(|c| c.seq_io_bytes != SEQ_IO_BYTES && c.state == BenchState::Optimal)
-    {
-        println!(
-            "note: {} sequential requests are {} (whole stripes nearest 1 MiB), so every write is a full-stripe write",
-            cell.level,
-            format_bytes(cell.seq_io_bytes)
-        );
-    }
-    for s in &report.skipped {
-        println!("skipped: {s}");
-    }
-    if report.ratios.is_empty() {
-        return;
-    }
-    println!();
-    println!("ratios:");
-    let mut keys: Vec<(&str, &str)> = Vec::new();
-    for r in &report.ratios {
-        if !keys.contains(&(r.what.as_str(), r.level.as_str())) {
-            keys.push((r.what.as_str(), r.level.as_str()));
-        }
-    }
-    for (what, level) in keys {
-        let label = match what {
-            "seq_write_vs_raid0" => format!("{level} seq write (full stripes) / raid0 seq write"),
-            "degraded_seq_read_vs_optimal" => format!("{level} degraded seq read / optimal"),
-            "rebuilding_vs_optimal_random_iops" => {
-                format!("{level} rebuilding random IOPS / optimal (mean of mixes)")
-            }
-            "rebuilding_vs_optimal_seq_write" => format!("{level} rebuilding seq write / optimal"),
-            "rebuilding_vs_optimal_seq_read" => format!("{level} rebuilding seq read / optimal"),
-            other => format!("{level} {other}"),
-        };
-        let values: Vec<String> = report
-            .ratios
-            .iter()
-            .filter(|r| r.what == what && r.level == level)
-            .map(|r| match r.queue_depth {
-                Some(qd) => format!("qd{qd} {:.2}", r.ratio),
-                None => format!("{:.2}", r.ratio),
-            })
-            .collect();
-        println!("  {label:<58} {}", values.join("  "));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -833,44 +570,5 @@ mod tests {
             let geometry = g(Level::Raid5, drives);
             assert_eq!(seq_io_bytes(&geometry) % geometry.stripe_data_bytes(), 0);
         }
-    }
-
-    fn cell(level: &str, state: BenchState, seq_mb_s: f64) -> CellResult {
-        let seq = |v| vec![SeqResult { queue_depth: 1, mb_per_s: v, rebuild_active: None }];
-        CellResult {
-            level: level.into(),
-            state,
-            capacity_bytes: 0,
-            working_set_bytes: 0,
-            seq_io_bytes: SEQ_IO_BYTES,
-            random: vec![RandomResult {
-                read_percent: 100,
-                iops: seq_mb_s,
-                mean_latency_us: 1.0,
-                rebuild_active: None,
-            }],
-            seq_write: seq(seq_mb_s),
-            seq_read: seq(seq_mb_s),
-            rebuild_active_whole_time: None,
-            rebuild_restarts: 0,
-        }
-    }
-
-    #[test]
-    fn ratios_compare_the_right_cells() {
-        let cells = vec![
-            cell("raid0", BenchState::Optimal, 1000.0),
-            cell("raid5", BenchState::Optimal, 500.0),
-            cell("raid5", BenchState::Degraded, 250.0),
-            cell("raid5", BenchState::Rebuilding, 400.0),
-        ];
-        let r = ratios(&cells, &[1]);
-        let get =
-            |what: &str| r.iter().find(|x| x.what == what && x.level == "raid5").map(|x| x.ratio);
-        assert_eq!(get("seq_write_vs_raid0"), Some(0.5));
-        assert_eq!(get("degraded_seq_read_vs_optimal"), Some(0.5));
-        assert_eq!(get("rebuilding_vs_optimal_seq_write"), Some(0.8));
-        assert_eq!(get("rebuilding_vs_optimal_random_iops"), Some(0.8));
-        assert!(r.iter().all(|x| x.level != "raid0"), "raid0 is only the baseline");
     }
 }

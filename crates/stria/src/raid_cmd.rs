@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
 use stria_io::BlockDevice;
-use stria_io::file::{DriveOptions, create_drive_file, open_drive, read_header};
-use stria_raid::superblock::{SUPERBLOCK_BYTES, Superblock};
-use stria_raid::{Array, ArrayConfig, ArrayState, ArrayStatus, CreateOptions, Level, ScrubReport};
+use stria_io::file::{DriveOptions, create_drive_file, open_drive};
+use stria_raid::superblock::{SlotState, Superblock};
+use stria_raid::{Array, ArrayConfig, ArrayState, CreateOptions, Level, ScrubReport};
 
+use crate::raid_status::{describe_state, read_label};
 use crate::units::{format_bytes, format_rate, parse_rate, parse_size};
-use crate::{interrupt, raid_bench, raid_io, torture, usage};
+use crate::{interrupt, raid_bench, raid_io, raid_status, torture, usage};
 
 /// How often progress bars poll the array.
 const PROGRESS_POLL: Duration = Duration::from_millis(200);
@@ -40,7 +40,7 @@ enum RaidCommand {
     Create(CreateArgs),
     /// Show level, state, rebuild progress and per-drive health, read from the drives' labels
     /// (works while another process runs the array).
-    Status(StatusArgs),
+    Status(raid_status::StatusArgs),
     /// Take a drive out of service; a hot spare, if any, starts rebuilding in its place.
     Fail(FailArgs),
     /// Put a new drive (or the slot's own drive, returning) into a failed slot and rebuild it.
@@ -96,15 +96,6 @@ struct CreateArgs {
     /// Overwrite drives that already carry a Stria label (they may belong to a live array).
     #[arg(long)]
     force: bool,
-    #[command(flatten)]
-    drives: Drives,
-}
-
-#[derive(Args, Debug)]
-struct StatusArgs {
-    /// Print the status as JSON.
-    #[arg(long)]
-    json: bool,
     #[command(flatten)]
     drives: Drives,
 }
@@ -199,7 +190,7 @@ pub fn run(args: RaidArgs) -> Result<()> {
     }
     match args.command {
         RaidCommand::Create(a) => create(a),
-        RaidCommand::Status(a) => status(a),
+        RaidCommand::Status(a) => raid_status::run(a),
         RaidCommand::Fail(a) => fail(a),
         RaidCommand::Replace(a) => replace(a),
         RaidCommand::Rebuild(a) => rebuild(a),
@@ -247,14 +238,53 @@ pub fn open_drives(paths: &[PathBuf], options: &DriveOptions) -> Result<Vec<Arc<
 }
 
 /// Opens the drives and assembles the array, printing its warnings to stderr.
+///
+/// A drive the array recorded as failed stays out even when it is listed (a glob matches it):
+/// failing a drive is a decision, undone only by `stria raid replace --with` that drive.
 pub fn assemble(paths: &[PathBuf]) -> Result<Array> {
     check_paths(paths)?;
-    let devs = open_drives(paths, &DriveOptions::default())?;
+    let failed = failed_drives(paths);
+    let kept: Vec<PathBuf> =
+        paths.iter().filter(|p| !failed.iter().any(|(f, _)| f == *p)).cloned().collect();
+    if kept.is_empty() {
+        return Err(usage("every listed drive is recorded as failed: nothing to assemble"));
+    }
+    for (path, slot) in &failed {
+        eprintln!(
+            "note: {} is slot {slot}'s failed drive and stays out; to re-add it: stria raid replace --slot {slot} --with {} DRIVE...",
+            path.display(),
+            path.display()
+        );
+    }
+    let devs = open_drives(&kept, &DriveOptions::default())?;
     let array = Array::assemble(devs)?;
     for warning in array.warnings() {
         eprintln!("warning: {warning}");
     }
     Ok(array)
+}
+
+/// The listed drives that the array's newest label records as failed, with their slots.
+/// Labels are read without locks; a torn read only means a drive is not recognised here and
+/// assembly decides about it instead.
+fn failed_drives(paths: &[PathBuf]) -> Vec<(PathBuf, usize)> {
+    let labels: Vec<(&PathBuf, Superblock)> =
+        paths.iter().filter_map(|p| read_label(p).ok().map(|l| (p, l))).collect();
+    let Some(newest) = labels.iter().map(|(_, l)| l).max_by_key(|l| l.events) else {
+        return Vec::new();
+    };
+    labels
+        .iter()
+        .filter(|(_, l)| l.array_uuid == newest.array_uuid)
+        .filter_map(|(path, l)| {
+            let slot = newest
+                .slots
+                .iter()
+                .take(newest.drives as usize)
+                .position(|e| e.drive_uuid == l.drive_uuid && e.state == SlotState::Failed)?;
+            Some(((*path).clone(), slot))
+        })
+        .collect()
 }
 
 /// Assembles the array, runs `work` and closes the array whether or not `work` succeeded, so
@@ -268,7 +298,7 @@ pub fn with_array<T>(paths: &[PathBuf], work: impl FnOnce(&Array) -> Result<T>) 
         (Err(e), Ok(())) => Err(e),
         (Ok(_), Err(e)) => Err(e),
         (Err(e), Err(close)) => {
-            eprintln!("error: {close:#}");
+            eprintln!("note: closing the array failed too: {close:#}");
             Err(e)
         }
     }
@@ -300,12 +330,6 @@ fn create_if_asked(path: &Path, size: Option<u64>) -> Result<bool> {
             path.display()
         ))),
     }
-}
-
-/// The Stria label on `path`, if it has a valid one.
-fn read_label(path: &Path) -> Result<Superblock, String> {
-    let raw = read_header(path, SUPERBLOCK_BYTES).map_err(|e| e.to_string())?;
-    Superblock::decode(&raw).map_err(|e| e.to_string())
 }
 
 /// Refuses a drive labelled for another array unless `force`: it may be a live array's member.
@@ -340,183 +364,65 @@ fn create(args: CreateArgs) -> Result<()> {
     })?;
     let all: Vec<PathBuf> = args.drives.paths.iter().chain(&args.spares).cloned().collect();
     let mut created = Vec::new();
-    let result = (|| {
-        if let Some(size) = args.size {
-            for path in &all {
-                create_drive_file(path, size)?;
-                created.push(path.clone());
-            }
-        }
-        check_paths(&all)?;
+    let mut result = Ok(());
+    if let Some(size) = args.size {
         for path in &all {
-            refuse_foreign_label(path, None, args.force)?;
-        }
-        let options = DriveOptions::default();
-        let devs = open_drives(&args.drives.paths, &options)?;
-        let config = ArrayConfig {
-            level: args.level,
-            stripe_unit_bytes,
-            rated_tbw: args.rated_tbw,
-            journal_bytes: None,
-        };
-        let array = Array::create(devs, &config, &CreateOptions::default())?;
-        for spare in open_drives(&args.spares, &options)? {
-            array.add_spare(spare)?;
-        }
-        let g = array.geometry();
-        let shape = match g.level {
-            Level::Raid0 => "striped, no redundancy".to_string(),
-            Level::Raid1 => format!("{}-way mirror", g.drives),
-            Level::Raid10 => format!("{} mirrored pairs, striped", g.drives / 2),
-            Level::Raid5 | Level::Raid6 => {
-                format!(
-                    "{} data + {} parity chunks per stripe",
-                    g.data_chunks(),
-                    g.level.parity_chunks()
-                )
+            result = create_drive_file(path, size).map_err(anyhow::Error::from);
+            if result.is_err() {
+                break;
             }
-        };
-        println!("created {} array {}", g.level, array.uuid());
-        println!("  drives       {} ({shape}), {} spare(s)", g.drives, args.spares.len());
-        println!(
-            "  stripe unit  {} per drive, {} of data per stripe, {} stripes",
-            format_bytes(g.unit()),
-            format_bytes(g.stripe_data_bytes()),
-            g.stripes()
-        );
-        println!(
-            "  capacity     {} ({} bytes)",
-            format_bytes(g.capacity_bytes()),
-            g.capacity_bytes()
-        );
-        array.close().context("closing the new array")
-    })();
-    if result.is_err() {
-        for path in &created {
-            let _ = std::fs::remove_file(path);
+            created.push(path.clone());
         }
+    }
+    if result.is_ok() {
+        result = create_array(&args, &all, stripe_unit_bytes);
+    }
+    for path in &created {
+        remove_if_failed(path, true, &result);
     }
     result
 }
 
-// ------------------------------------------------------------------------------------------
-// status
-// ------------------------------------------------------------------------------------------
-
-#[derive(Serialize, Debug)]
-struct UnreadableDrive {
-    device: String,
-    reason: String,
-}
-
-#[derive(Serialize, Debug)]
-struct StatusReport {
-    #[serde(flatten)]
-    status: ArrayStatus,
-    unreadable: Vec<UnreadableDrive>,
-}
-
-fn status(args: StatusArgs) -> Result<()> {
-    let mut labels = Vec::new();
-    let mut unreadable = Vec::new();
-    for path in &args.drives.paths {
-        let name = path.display().to_string();
-        match read_label(path) {
-            Ok(label) => labels.push((name, label)),
-            Err(reason) => unreadable.push(UnreadableDrive { device: name, reason }),
-        }
+fn create_array(args: &CreateArgs, all: &[PathBuf], stripe_unit_bytes: u32) -> Result<()> {
+    check_paths(all)?;
+    for path in all {
+        refuse_foreign_label(path, None, args.force)?;
     }
-    let Some(status) = stria_raid::inspect(&labels) else {
-        let reasons: Vec<String> =
-            unreadable.iter().map(|u| format!("{}: {}", u.device, u.reason)).collect();
-        return Err(anyhow!("no drive has a readable Stria label ({})", reasons.join("; ")));
+    let options = DriveOptions::default();
+    let devs = open_drives(&args.drives.paths, &options)?;
+    let config = ArrayConfig {
+        level: args.level,
+        stripe_unit_bytes,
+        rated_tbw: args.rated_tbw,
+        journal_bytes: None,
     };
-    let report = StatusReport { status, unreadable };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+    let array = Array::create(devs, &config, &CreateOptions::default())?;
+    for spare in open_drives(&args.spares, &options)? {
+        array.add_spare(spare)?;
     }
-    print_status(&report.status);
-    if !report.unreadable.is_empty() {
-        println!("unreadable drives:");
-        for u in &report.unreadable {
-            println!("  {}: {}", u.device, u.reason);
-        }
-    }
-    Ok(())
-}
-
-/// One line for the array's state: `optimal`, `degraded: slot 2 failed`, `rebuilding slot 2:
-/// 42% at 310 MB/s`, `failed: ...`.
-pub fn describe_state(status: &ArrayStatus) -> String {
-    let out: Vec<String> = status
-        .members
-        .iter()
-        .filter(|m| m.state != "active" && m.state != "rebuilding")
-        .map(|m| {
+    let g = array.geometry();
+    let shape = match g.level {
+        Level::Raid0 => "striped, no redundancy".to_string(),
+        Level::Raid1 => format!("{}-way mirror", g.drives),
+        Level::Raid10 => format!("{} mirrored pairs, striped", g.drives / 2),
+        Level::Raid5 | Level::Raid6 => {
             format!(
-                "slot {} {}",
-                m.slot.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
-                m.state
+                "{} data + {} parity chunks per stripe",
+                g.data_chunks(),
+                g.level.parity_chunks()
             )
-        })
-        .collect();
-    let out = if out.is_empty() { String::new() } else { format!(" ({})", out.join(", ")) };
-    match status.state {
-        ArrayState::Optimal => "optimal".to_string(),
-        ArrayState::Degraded => format!("degraded{out}"),
-        ArrayState::Failed => format!("failed{out}"),
-        ArrayState::Rebuilding => match &status.rebuild {
-            Some(r) if r.rate_bytes_s > 0 => {
-                format!(
-                    "rebuilding slot {} {:.0}% at {}{out}",
-                    r.slot,
-                    r.percent,
-                    format_rate(r.rate_bytes_s)
-                )
-            }
-            Some(r) => format!("rebuilding slot {} {:.0}%{out}", r.slot, r.percent),
-            None => format!("rebuilding{out}"),
-        },
-    }
-}
-
-fn print_status(s: &ArrayStatus) {
-    println!("array        {} ({})", s.uuid, s.level);
-    println!(
-        "geometry     {} drives, stripe unit {}, capacity {} ({} bytes)",
-        s.drives,
-        format_bytes(s.stripe_unit_bytes as u64),
-        format_bytes(s.capacity_bytes),
-        s.capacity_bytes
-    );
-    println!("state        {}", describe_state(s));
-    println!("events       {}", s.events);
-    println!();
-    let width = s.members.iter().chain(&s.spares).map(|m| m.device.len()).max().unwrap_or(6).max(6);
-    println!(
-        "{:<5} {:<width$} {:<11} {:>7} {:>11} {:>7}",
-        "slot", "device", "state", "errors", "written", "wear"
-    );
-    for m in s.members.iter().chain(&s.spares) {
-        let slot = m.slot.map(|s| s.to_string()).unwrap_or_else(|| "spare".into());
-        let wear = m.wear_percent.map(|w| format!("{w:.2}%")).unwrap_or_else(|| "-".into());
-        println!(
-            "{slot:<5} {:<width$} {:<11} {:>7} {:>11} {:>7}",
-            m.device,
-            m.state,
-            m.errors,
-            format_bytes(m.lifetime_written_bytes),
-            wear
-        );
-    }
-    if !s.warnings.is_empty() {
-        println!();
-        println!("warnings:");
-        for w in &s.warnings {
-            println!("  {w}");
         }
-    }
+    };
+    println!("created {} array {}", g.level, array.uuid());
+    println!("  drives       {} ({shape}), {} spare(s)", g.drives, args.spares.len());
+    println!(
+        "  stripe unit  {} per drive, {} of data per stripe, {} stripes",
+        format_bytes(g.unit()),
+        format_bytes(g.stripe_data_bytes()),
+        g.stripes()
+    );
+    println!("  capacity     {} ({} bytes)", format_bytes(g.capacity_bytes()), g.capacity_bytes());
+    array.close().context("closing the new array")
 }
 
 // ------------------------------------------------------------------------------------------
@@ -610,12 +516,8 @@ pub fn wait_for_rebuild(array: &Array) -> Result<()> {
     }
     bar.finish_and_clear();
     array.wait_rebuild()?;
-    let slots: Vec<String> = slots.iter().map(|s| s.to_string()).collect();
-    println!(
-        "rebuild of slot {} finished in {:.1} s",
-        slots.join(", "),
-        started.elapsed().as_secs_f64()
-    );
+    let slots: Vec<String> = slots.iter().map(|s| format!(" of slot {s}")).collect();
+    println!("rebuild{} finished in {:.1} s", slots.join(","), started.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -632,27 +534,34 @@ pub fn progress_bar(prefix: &str) -> ProgressBar {
 
 fn replace(args: ReplaceArgs) -> Result<()> {
     let created = create_if_asked(&args.with, args.size)?;
-    let result = (|| {
-        // The new drive is opened once, for the replacement; if it is in the list (a returning
-        // drive matched by a glob) it stays out of the assembly.
-        let others: Vec<PathBuf> =
-            args.drives.paths.iter().filter(|p| !same_file(p, &args.with)).cloned().collect();
-        with_array(&others, |array| {
-            check_slot(array, args.slot)?;
-            refuse_foreign_label(&args.with, Some(&array.uuid().to_string()), args.force)?;
-            let dev = open_drive(&args.with, &DriveOptions::default())?;
-            if let Some(rate) = args.rate {
-                array.set_rebuild_rate(rate);
-            }
-            array.replace(args.slot, dev)?;
-            println!("slot {}: {} is rebuilding", args.slot, args.with.display());
-            finish_membership_change(array, args.no_wait)
-        })
-    })();
-    if result.is_err() && created {
-        let _ = std::fs::remove_file(&args.with);
-    }
+    // The new drive is opened once, for the replacement; if it is in the list (a returning
+    // drive matched by a glob) it stays out of the assembly.
+    let others: Vec<PathBuf> =
+        args.drives.paths.iter().filter(|p| !same_file(p, &args.with)).cloned().collect();
+    let mut joined = false;
+    let result = with_array(&others, |array| {
+        check_slot(array, args.slot)?;
+        refuse_foreign_label(&args.with, Some(&array.uuid().to_string()), args.force)?;
+        let dev = open_drive(&args.with, &DriveOptions::default())?;
+        if let Some(rate) = args.rate {
+            array.set_rebuild_rate(rate);
+        }
+        array.replace(args.slot, dev)?;
+        joined = true;
+        println!("slot {}: {} is rebuilding", args.slot, args.with.display());
+        finish_membership_change(array, args.no_wait)
+    });
+    // Once in the array the drive stays, even if waiting for its rebuild failed.
+    remove_if_failed(&args.with, created && !joined, &result);
     result
+}
+
+/// Removes a drive file this command created when the command failed, so a retry does not
+/// trip over "already exists".
+fn remove_if_failed<T>(path: &Path, created: bool, result: &Result<T>) {
+    if created && result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 fn rebuild(args: RebuildArgs) -> Result<()> {
@@ -687,20 +596,18 @@ fn rebuild(args: RebuildArgs) -> Result<()> {
 
 fn add_spare(args: AddSpareArgs) -> Result<()> {
     let created = create_if_asked(&args.spare, args.size)?;
-    let result = (|| {
-        let others: Vec<PathBuf> =
-            args.drives.paths.iter().filter(|p| !same_file(p, &args.spare)).cloned().collect();
-        with_array(&others, |array| {
-            refuse_foreign_label(&args.spare, Some(&array.uuid().to_string()), args.force)?;
-            let dev = open_drive(&args.spare, &DriveOptions::default())?;
-            array.add_spare(dev)?;
-            println!("{} is a hot spare of array {}", args.spare.display(), array.uuid());
-            finish_membership_change(array, args.no_wait)
-        })
-    })();
-    if result.is_err() && created {
-        let _ = std::fs::remove_file(&args.spare);
-    }
+    let others: Vec<PathBuf> =
+        args.drives.paths.iter().filter(|p| !same_file(p, &args.spare)).cloned().collect();
+    let mut joined = false;
+    let result = with_array(&others, |array| {
+        refuse_foreign_label(&args.spare, Some(&array.uuid().to_string()), args.force)?;
+        let dev = open_drive(&args.spare, &DriveOptions::default())?;
+        array.add_spare(dev)?;
+        joined = true;
+        println!("{} is a hot spare of array {}", args.spare.display(), array.uuid());
+        finish_membership_change(array, args.no_wait)
+    });
+    remove_if_failed(&args.spare, created && !joined, &result);
     result
 }
 
@@ -786,6 +693,6 @@ mod tests {
     fn levels_parse_with_or_without_prefix() {
         assert_eq!(parse_level("6"), Ok(Level::Raid6));
         assert_eq!(parse_level("raid10"), Ok(Level::Raid10));
-        assert!(parse_level("7").unwrap_err().contains("7"));
+        assert!(parse_level("7").expect_err("no raid7").contains("7"));
     }
 }

@@ -24,7 +24,7 @@ const BLOCK: u64 = BLOCK_BYTES as u64;
 /// Bytes moved per array request: large enough to reach every drive at once, small enough
 /// that a transfer's memory stays bounded.
 const PIECE_BYTES: u64 = 4 * 1024 * 1024;
-const _: () = assert!(PIECE_BYTES % BLOCK == 0);
+const _: () = assert!(PIECE_BYTES.is_multiple_of(BLOCK));
 
 #[derive(Args, Debug)]
 pub struct ReadArgs {
@@ -223,7 +223,7 @@ fn copy_in(array: &Array, input: &mut dyn Read, offset: u64, limit: u64) -> Resu
                 .with_context(|| format!("reading array offset {start}"))?;
             buf[..head].copy_from_slice(&edge[..head]);
         }
-        if piece_end % BLOCK != 0 {
+        if !piece_end.is_multiple_of(BLOCK) {
             if head == 0 || last_block != start {
                 array
                     .read(last_block, &mut edge)

@@ -35,7 +35,8 @@ const BAD_REPORTED_MAX: usize = 10;
 /// Separates the op stream from the per-block content streams of the same seed.
 const OP_STREAM_TAG: u64 = 0x4f50_5354_5245_414d; // "OPSTREAM"
 
-const _: () = assert!(HEADER_BYTES <= BLOCK_BYTES && (BLOCK_BYTES - HEADER_BYTES) % 8 == 0);
+const _: () =
+    assert!(HEADER_BYTES <= BLOCK_BYTES && (BLOCK_BYTES - HEADER_BYTES).is_multiple_of(8));
 
 #[derive(Args, Debug)]
 pub struct TortureArgs {
@@ -381,12 +382,14 @@ mod tests {
         // Misdirected: another block's content.
         let mut misdirected = vec![0u8; BLOCK_BYTES];
         fill_block(seed, (b + 1) % blocks, writer, &mut misdirected);
-        assert!(expect.classify(b, &misdirected).unwrap_err().contains("misdirected"));
+        assert!(expect.classify(b, &misdirected).expect_err("misdirected").contains("misdirected"));
 
         // A version from beyond the sequence, or an op that did not touch this block.
         let mut forged = vec![0u8; BLOCK_BYTES];
         fill_block(seed, b, 10_000, &mut forged);
-        assert!(expect.classify(b, &forged).unwrap_err().contains("not an op"));
+        assert!(
+            expect.classify(b, &forged).expect_err("beyond the sequence").contains("not an op")
+        );
         let untouched = (1..=expect.ops.len() as u64)
             .find(|&v| {
                 let op = expect.ops[(v - 1) as usize];
@@ -394,6 +397,6 @@ mod tests {
             })
             .expect("some op misses the block");
         fill_block(seed, b, untouched, &mut forged);
-        assert!(expect.classify(b, &forged).unwrap_err().contains("wrote blocks"));
+        assert!(expect.classify(b, &forged).expect_err("untouched block").contains("wrote blocks"));
     }
 }
