@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub mod fs;
+
 /// The size of the logical block every Stria device and array exposes. Reads and writes are
 /// multiples of it, at multiples of it; checksums cover exactly one block.
 pub const BLOCK_BYTES: usize = 4096;
