@@ -1,1 +1,33 @@
-//! placeholder
+//! The chunk engine of one storage target: it stores chunks (pieces of files and volumes,
+//! addressed by object id and chunk index) on one RAID array, keeps their map in an embedded
+//! transactional store (redb), checks a CRC32C on every 4 KiB block it reads, and recovers to a
+//! consistent state after a crash. It never returns bytes that fail their checksum, and it never
+//! overwrites a block that the last durable chunk map still names.
+//!
+//! The on-disk format and the crash-safety argument are in `docs/internals/engine.md`; in short:
+//!
+//! - **Array**: block 0 is the engine superblock (target id, engine uuid, array uuid, data area
+//!   bounds, CRC32C); the rest of the first RAID stripe is reserved; every later 4 KiB block is
+//!   data, owned by at most one chunk.
+//! - **Chunk map** (redb file `chunkmap.redb` in the caller's directory): table `chunks`,
+//!   `(object, index) -> record` (length, extents logical -> physical, one CRC32C per block),
+//!   and table `meta` with the identity that must match the superblock.
+//! - **Writes are copy-on-write per block**: new blocks are allocated and written, the record is
+//!   committed (non-durably, in a group commit), and the replaced blocks are parked until the
+//!   next durable commit. [`Engine::sync`] flushes the array, then commits durably, then frees
+//!   the parked blocks. The free-space map lives in memory and is rebuilt from the chunk map at
+//!   open, which is the whole of crash recovery.
+
+mod alloc;
+mod commit;
+mod engine;
+mod error;
+mod record;
+mod superblock;
+pub mod testing;
+
+pub use engine::{Engine, MAP_FILE_NAME, SpaceStats, WriteDone};
+pub use error::EngineError;
+
+/// The engine's block: the unit of allocation and of checksums.
+pub(crate) const BLOCK: usize = stria_proto::BLOCK_BYTES;

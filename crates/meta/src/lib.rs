@@ -1,1 +1,240 @@
-//! placeholder
+//! Stria's metadata service as a library: the namespace (inodes, directory entries, symlinks,
+//! hard links, xattrs, permissions, layouts, small-file data and usage counters) in an embedded
+//! ACID store (redb). Every mutation is one write transaction.
+//!
+//! It owns names and attributes only: it never touches chunk data. Where an operation frees
+//! data (unlink, truncate, purge) it returns what the caller must remove from storage. The
+//! record formats and transaction rules are in `docs/internals/meta.md`.
+
+mod data;
+mod error;
+mod names;
+mod namespace;
+mod perm;
+mod record;
+mod rename;
+pub mod service;
+mod stats;
+mod store;
+mod types;
+mod xattr;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redb::{Database, Durability, ReadableDatabase};
+use stria_proto::fs::{Ino, LayoutPolicy, ROOT_INO, TargetId};
+
+pub use error::{MetaError, Result};
+pub use types::*;
+
+use record::{Body, DirBody, FIRST_SEQ, Inode};
+use store::{Rx, Tx};
+
+/// Maps a pool name to the targets it has now (from mgmt's registry).
+pub type TargetResolver = Arc<dyn Fn(&str) -> Vec<TargetId> + Send + Sync>;
+/// The clock timestamps come from (a seam for tests).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// When a committed mutation reaches the disk.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Commit {
+    /// Every mutation is on disk when it returns (fsync per transaction).
+    #[default]
+    Durable,
+    /// Mutations are atomic and visible at once but reach the disk only at the next
+    /// [`Meta::sync`] or durable commit (every [`LAZY_COMMITS_PER_SYNC`]-th commit is one);
+    /// a crash loses the ones since (never half of one).
+    Lazy,
+}
+
+/// How to open a [`Meta`].
+#[derive(Clone)]
+pub struct MetaOptions {
+    pub commit: Commit,
+    /// The root directory's default layout policy when the store is created.
+    pub root_policy: LayoutPolicy,
+    /// Mode, owner and group of a new root directory.
+    pub root_mode: u32,
+    pub root_uid: u32,
+    pub root_gid: u32,
+    /// Most inodes the namespace holds (ENOSPC beyond).
+    pub inodes_max: u64,
+    pub resolver: TargetResolver,
+    pub clock: Clock,
+}
+
+impl Default for MetaOptions {
+    fn default() -> Self {
+        MetaOptions {
+            commit: Commit::Durable,
+            root_policy: LayoutPolicy::default(),
+            root_mode: 0o755,
+            root_uid: 0,
+            root_gid: 0,
+            inodes_max: 1 << 40,
+            resolver: Arc::new(|_| Vec::new()),
+            clock: Arc::new(Timestamp::now),
+        }
+    }
+}
+
+impl fmt::Debug for MetaOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetaOptions")
+            .field("commit", &self.commit)
+            .field("root_policy", &self.root_policy)
+            .field("root_mode", &format_args!("{:o}", self.root_mode))
+            .field("inodes_max", &self.inodes_max)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The metadata service: one namespace in one redb database. `Send + Sync`; every method
+/// takes `&self`. Writers are serialized by redb; readers run on snapshots in parallel.
+pub struct Meta {
+    db: Database,
+    options: MetaOptions,
+    /// Open handles per inode (this process only): an unlinked file keeps its data until
+    /// the last `release`. Locked before any write transaction that may drop an inode.
+    opens: Mutex<HashMap<Ino, u32>>,
+    /// Rotating start offset for picking targets, so files spread evenly.
+    target_rotor: AtomicU64,
+    /// Lazy commits since the last durable one.
+    lazy_commits: AtomicU64,
+}
+
+/// In [`Commit::Lazy`] mode every this many commits one is made durable: redb frees the pages
+/// of non-durable commits only at a durable one, so without it the file grows without bound.
+pub const LAZY_COMMITS_PER_SYNC: u64 = 512;
+
+impl fmt::Debug for Meta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Meta").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl Meta {
+    /// Opens (or creates) the namespace stored in the file `path`.
+    pub fn open(path: impl AsRef<Path>, options: MetaOptions) -> Result<Meta> {
+        let db = Database::create(path)?;
+        Meta::with_database(db, options)
+    }
+
+    /// A namespace in memory only (tests, benchmarks).
+    pub fn open_in_memory(options: MetaOptions) -> Result<Meta> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        Meta::with_database(db, options)
+    }
+
+    fn with_database(db: Database, options: MetaOptions) -> Result<Meta> {
+        let meta = Meta {
+            db,
+            options,
+            opens: Mutex::new(HashMap::new()),
+            target_rotor: AtomicU64::new(0),
+            lazy_commits: AtomicU64::new(0),
+        };
+        meta.init()?;
+        Ok(meta)
+    }
+
+    /// Creates the tables and the root directory on first open; checks the format after.
+    fn init(&self) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut tx = Tx::open(&txn)?;
+            let format = tx.system(store::KEY_FORMAT)?;
+            if format == 0 {
+                let now = self.now();
+                let root = Inode {
+                    kind: FileKind::Dir,
+                    mode: self.options.root_mode & MODE_BITS,
+                    uid: self.options.root_uid,
+                    gid: self.options.root_gid,
+                    nlink: 2,
+                    size: 0,
+                    atime: now,
+                    mtime: now,
+                    ctime: now,
+                    rdev: 0,
+                    parent: ROOT_INO,
+                    fileset: ROOT_INO,
+                    version: 0,
+                    ext: String::new(),
+                    body: Body::Dir(DirBody {
+                        next_seq: FIRST_SEQ,
+                        policy: self.options.root_policy.clone(),
+                    }),
+                };
+                tx.put_inode(ROOT_INO, &root)?;
+                tx.system.insert(store::KEY_FORMAT, store::STORE_FORMAT)?;
+                tx.system.insert(store::KEY_NEXT_INO, ROOT_INO + 1)?;
+                tx.system.insert(store::KEY_INODES_USED, 1)?;
+            } else if format != store::STORE_FORMAT {
+                return Err(MetaError::Corrupt(format!("unknown store format {format}")));
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Makes every committed mutation durable (for [`Commit::Lazy`]).
+    pub fn sync(&self) -> Result<()> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        (self.options.clock)()
+    }
+
+    /// Runs `f` in one write transaction and commits it if `f` succeeds; on error nothing
+    /// of it is kept.
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let mut txn = self.db.begin_write()?;
+        if self.options.commit == Commit::Lazy
+            && (self.lazy_commits.fetch_add(1, Ordering::Relaxed) + 1) % LAZY_COMMITS_PER_SYNC != 0
+        {
+            txn.set_durability(Durability::None)?;
+        }
+        let out = {
+            let mut tx = Tx::open(&txn)?;
+            let out = f(&mut tx)?;
+            tx.flush_counters()?;
+            out
+        };
+        txn.commit()?;
+        Ok(out)
+    }
+
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Rx) -> Result<T>) -> Result<T> {
+        let txn = self.db.begin_read()?;
+        let rx = Rx::open(&txn)?;
+        f(&rx)
+    }
+
+    pub(crate) fn lock_opens(&self) -> MutexGuard<'_, HashMap<Ino, u32>> {
+        self.opens.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn next_rotor(&self) -> u64 {
+        self.target_rotor.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Meta>();
+    }
+}

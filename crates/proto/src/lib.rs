@@ -6,6 +6,7 @@
 use std::fmt;
 
 pub mod fs;
+pub mod wire;
 
 /// The size of the logical block every Stria device and array exposes. Reads and writes are
 /// multiples of it, at multiples of it; checksums cover exactly one block.

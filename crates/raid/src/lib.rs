@@ -10,6 +10,10 @@
 //! On-disk formats and the recovery design are described in `docs/internals/raid.md`.
 
 mod array;
+mod array_assembly;
+mod array_members;
+mod array_read;
+mod array_write;
 pub mod bitmap;
 pub mod checksum;
 pub mod geometry;
@@ -19,7 +23,7 @@ mod scrub;
 mod status;
 pub mod superblock;
 
-pub use array::{Array, ArrayConfig, CreateOptions};
+pub use array::{Array, ArrayConfig, CreateOptions, REBUILD_RATE_BYTES_S_DEFAULT};
 pub use geometry::{Geometry, Level};
 pub use scrub::ScrubReport;
 pub use status::{ArrayState, ArrayStatus, MemberStatus, inspect};

@@ -23,6 +23,13 @@ use crate::superblock::SlotState;
 /// How often a running rebuild records its cursor in the superblocks, so a restart resumes
 /// instead of starting over.
 const CURSOR_PERSIST_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes of each drive one rebuild step covers: the stripes of one step are read and written
+/// together and locked for the step only, which keeps foreground waits short.
+const REBUILD_BATCH_BYTES: u64 = 1024 * 1024;
+/// While foreground I/O is running, a rebuild takes this share of its rate limit, as md drops
+/// from `speed_limit_max` towards `speed_limit_min`: the applications keep most of the drives,
+/// and the rebuild goes back to the full rate as soon as they are idle.
+const REBUILD_BUSY_SHARE_DIVISOR: u64 = 4;
 
 #[derive(Debug)]
 pub(crate) struct RebuildControl {
@@ -51,7 +58,12 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// The average rate since the start; 0 once the walk has ended, so a rebuild that stopped
+    /// never looks as if it were still moving.
     pub fn rate_bytes_s(&self) -> u64 {
+        if self.finished.load(Relaxed) {
+            return 0;
+        }
         let started = *self.started.lock().unwrap_or_else(|e| e.into_inner());
         let secs = started.map(|s| s.elapsed().as_secs_f64()).unwrap_or(0.0);
         if secs < 0.01 { 0 } else { (self.bytes_written.load(Relaxed) as f64 / secs) as u64 }
@@ -129,6 +141,7 @@ pub(crate) fn start(array: &Array, slot: usize, regions: Option<Vec<u64>>) {
             let outcome = run(&worker, slot, regions, &thread_stop, &thread_progress);
             if let Err(e) = &outcome {
                 tracing::error!(slot, "rebuild stopped: {e}");
+                worker.inner.rebuild.measured_bytes_s.store(0, Relaxed);
                 *thread_progress.error.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(e.to_string());
             }
@@ -210,20 +223,27 @@ fn run(
     tracing::info!(slot, drive = dev.name(), stripes = total, "rebuild started");
     let mut pacer = Pacer::new();
     let mut last_persist = Instant::now();
+    let batch_stripes = (REBUILD_BATCH_BYTES / g.unit()).max(1);
+    let mut foreground_seen = array.inner.foreground_ops.load(Relaxed);
     let mut stripe = cursor.load(Relaxed);
     while stripe < stripes {
         if stop.load(Relaxed) {
-            array.write_superblocks(false)?;
+            persist_cursor(array, slot, &dev)?;
             return Ok(());
         }
-        if !wanted(stripe) {
-            stripe += 1;
+        let end = (stripe + batch_stripes).min(stripes);
+        let batch: Vec<u64> = (stripe..end).filter(|&s| wanted(s)).collect();
+        if batch.is_empty() {
+            stripe = end;
             cursor.store(stripe, Relaxed);
             continue;
         }
+        // One bounded batch under the barrier (shared) and the batch's stripe locks: the reads of
+        // every stripe go to all surviving drives at once, then the writes to the new drive.
+        // Foreground I/O to other stripes is never held up, and to these only for one batch.
         {
             let _barrier = array.inner.barrier.read().unwrap_or_else(|e| e.into_inner());
-            let _lock = array.lock_stripes(std::iter::once(stripe));
+            let _locks = array.lock_stripes(batch.iter().copied());
             let members = array.members();
             let m = &members[slot];
             if m.state != SlotState::Rebuilding
@@ -233,27 +253,46 @@ fn run(
                     "slot {slot} left the rebuild (it failed or was replaced)"
                 )));
             }
-            let chunk = rebuilt_chunk(array, &members, slot, stripe, rows)?;
-            if let Err(e) =
-                dev.write_at(array.device_offset(stripe, 0), AlignedBuf::from_slice(&chunk))
-            {
-                drop(_lock);
+            let chunks = rebuilt_chunks(array, &members, slot, &batch, rows)?;
+            // The new drive is not readable above the cursor and these stripes are locked, so
+            // nobody can see the checksums before the data; a failed write fails the drive.
+            if let Some(crc) = m.crc.as_ref() {
+                for (&s, chunk) in batch.iter().zip(&chunks) {
+                    crc.set_from_data(array.table_block(s, 0), chunk);
+                }
+            }
+            let tickets: Vec<(usize, stria_io::IoTicket)> = batch
+                .iter()
+                .zip(chunks)
+                .map(|(&s, data)| {
+                    let op = stria_io::IoOp::Write {
+                        offset: array.device_offset(s, 0),
+                        data,
+                        fua: false,
+                    };
+                    (slot, dev.submit(op))
+                })
+                .collect();
+            if let Some((_, e)) = crate::array::wait_all(tickets).into_iter().next() {
+                drop(_locks);
                 drop(_barrier);
                 array.fail_member(slot, &format!("write failed during rebuild: {e}"))?;
                 return Err(e.into());
             }
-            if let Some(crc) = m.crc.as_ref() {
-                crc.set_from_data(array.table_block(stripe, 0), &chunk);
-            }
-            stripe += 1;
+            stripe = end;
             cursor.store(stripe, Relaxed);
         }
-        progress.stripes_done.fetch_add(1, Relaxed);
-        progress.bytes_written.fetch_add(g.unit(), Relaxed);
+        let bytes = batch.len() as u64 * g.unit();
+        progress.stripes_done.fetch_add(batch.len() as u64, Relaxed);
+        progress.bytes_written.fetch_add(bytes, Relaxed);
         array.inner.rebuild.measured_bytes_s.store(progress.rate_bytes_s(), Relaxed);
-        pacer.pace(g.unit(), array.inner.rebuild.rate_limit());
+        let ops = array.inner.foreground_ops.load(Relaxed);
+        let busy = ops != foreground_seen;
+        foreground_seen = ops;
+        let rate = array.inner.rebuild.rate_limit();
+        pacer.pace(bytes, if busy { (rate / REBUILD_BUSY_SHARE_DIVISOR).max(1) } else { rate });
         if last_persist.elapsed() >= CURSOR_PERSIST_INTERVAL {
-            array.write_superblocks(false)?;
+            persist_cursor(array, slot, &dev)?;
             last_persist = Instant::now();
         }
     }
@@ -272,27 +311,114 @@ fn run(
     Ok(())
 }
 
-/// The full chunk `slot` must hold in `stripe`, from the other members.
-fn rebuilt_chunk(
+/// Records the rebuild cursor in the labels, only after what it vouches for is durable: the
+/// rebuilt chunks below it and their checksums are flushed to the new drive first, so a crash
+/// never leaves a label that calls unwritten stripes rebuilt.
+fn persist_cursor(
+    array: &Array,
+    slot: usize,
+    dev: &Arc<dyn stria_io::BlockDevice>,
+) -> Result<(), RaidError> {
+    {
+        // Shared barrier: no flush (the other writer of checksum pages) runs meanwhile.
+        let _barrier = array.inner.barrier.read().unwrap_or_else(|e| e.into_inner());
+        let members = array.members();
+        let m = &members[slot];
+        if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev))
+        {
+            return Ok(());
+        }
+        let durable = m
+            .crc
+            .as_ref()
+            .map_or(Ok(()), |crc| crc.persist(dev.as_ref(), &array.layout()))
+            .and_then(|()| dev.flush());
+        if let Err(e) = durable {
+            drop(_barrier);
+            array.fail_member(slot, &format!("flush failed during rebuild: {e}"))?;
+            return Err(e.into());
+        }
+    }
+    array.write_superblocks(false)
+}
+
+/// The full chunks `slot` must hold in each of `stripes`, rebuilt from the other members: the
+/// reads of all the stripes are in flight together.
+fn rebuilt_chunks(
     array: &Array,
     members: &[crate::array::Member],
     slot: usize,
-    stripe: u64,
+    stripes: &[u64],
     rows: u64,
-) -> Result<Vec<u8>, RaidError> {
+) -> Result<Vec<AlignedBuf>, RaidError> {
     let g = array.geometry();
     match g.level {
         Level::Raid5 | Level::Raid6 => {
-            let order = g.members(stripe);
-            let index = order
+            let reads: Vec<_> = stripes
                 .iter()
-                .position(|&d| d == slot)
-                .expect("every drive is a member of every stripe");
-            let all = array.stripe_rows(members, stripe, 0, rows, Some(slot), true)?;
-            Ok(all[index].to_vec())
+                .map(|&s| array.submit_stripe_read(members, s, 0, rows, Some(slot), true))
+                .collect();
+            let mut out = Vec::with_capacity(stripes.len());
+            for read in reads {
+                let index = g
+                    .members(read.stripe)
+                    .iter()
+                    .position(|&d| d == slot)
+                    .expect("every drive is a member of every stripe");
+                let mut all = array.finish_stripe_read(members, read, true)?;
+                out.push(all.swap_remove(index));
+            }
+            Ok(out)
         }
-        Level::Raid1 => array.read_chunk_verified(members, stripe, 0, 0, rows),
-        Level::Raid10 => array.read_chunk_verified(members, stripe, slot / 2, 0, rows),
+        Level::Raid1 | Level::Raid10 => {
+            let index = if g.level == Level::Raid1 { 0 } else { slot / 2 };
+            // One verified copy per stripe, all read at once; a copy that fails its checksum
+            // sends that stripe through the block-by-block path over every copy.
+            let reads: Vec<_> = stripes
+                .iter()
+                .map(|&s| {
+                    let source = g
+                        .data_drives(s, index)
+                        .iter()
+                        .find(|&d| d != slot && members[d].readable(s));
+                    source.and_then(|d| {
+                        let dev = members[d].dev.as_ref()?;
+                        let op = stria_io::IoOp::Read {
+                            offset: array.device_offset(s, 0),
+                            len: (rows * BLOCK_BYTES as u64) as usize,
+                        };
+                        Some((d, dev.submit(op)))
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(stripes.len());
+            for (&s, read) in stripes.iter().zip(reads) {
+                let verified = match read.map(|(d, t)| (d, t.wait())) {
+                    Some((d, Ok(stria_io::IoDone::Read(data)))) => {
+                        let crc = members[d].crc.as_ref();
+                        let first = array.table_block(s, 0);
+                        crc.is_some_and(|crc| {
+                            data.chunks_exact(BLOCK_BYTES).enumerate().all(|(j, b)| {
+                                crate::checksum::crc_block(b) == crc.get(first + j as u64)
+                            })
+                        })
+                        .then_some(data)
+                    }
+                    Some((d, Err(e))) => {
+                        array.read_failed(d, &e);
+                        None
+                    }
+                    _ => None,
+                };
+                match verified {
+                    Some(data) => out.push(data),
+                    None => out.push(AlignedBuf::from_slice(
+                        &array.read_chunk_verified(members, s, index, 0, rows)?,
+                    )),
+                }
+            }
+            Ok(out)
+        }
         Level::Raid0 => Err(RaidError::Refused("raid0 cannot rebuild".into())),
     }
 }
@@ -320,8 +446,21 @@ pub(crate) fn recover_unclean(array: &Array) -> Result<(), RaidError> {
                 records.entry(record.seq).or_insert(record);
             }
         }
-        let replayed = records.len();
+        // A void record (no entries) says a full-stripe write replaced the stripe after the
+        // records before it: those must not be replayed over the newer data.
+        let mut voided_below: BTreeMap<u64, u64> = BTreeMap::new();
+        for record in records.values().filter(|r| r.entries.is_empty()) {
+            let seq = voided_below.entry(record.stripe).or_insert(0);
+            *seq = (*seq).max(record.seq);
+        }
+        let mut replayed = 0u64;
         for record in records.values() {
+            if record.entries.is_empty()
+                || voided_below.get(&record.stripe).is_some_and(|&v| record.seq < v)
+            {
+                continue;
+            }
+            replayed += 1;
             let mut at = 0;
             for entry in &record.entries {
                 let bytes = entry.rows as usize * BLOCK_BYTES;
@@ -348,12 +487,16 @@ pub(crate) fn recover_unclean(array: &Array) -> Result<(), RaidError> {
                 crc.set_from_data(array.table_block(record.stripe, entry.row as u64), part);
             }
         }
-        array.inner.counters.journal_replayed.fetch_add(replayed as u64, Relaxed);
+        array.inner.counters.journal_replayed.fetch_add(replayed, Relaxed);
         if replayed > 0 {
             tracing::info!(records = replayed, "journal replayed after an unclean stop");
         }
-        // Never replay these records again.
+        // The replayed rows and their checksums must be durable before the labels name a new
+        // epoch: once they do, the records that could redo these writes are void. (Not a full
+        // flush: that would clear the write-intent bits the resync below still needs.)
+        array.persist_tables_and_flush()?;
         array.inner.journal_epoch.store(random_u64(), Relaxed);
+        array.write_superblocks(false)?;
     }
     let regions = array.inner.bitmap.dirty_regions();
     let region_stripes = array.inner.bitmap.region_bytes() / g.unit();

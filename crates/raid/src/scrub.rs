@@ -1,5 +1,6 @@
 //! Scrub and check: walk every stripe, verify every block's checksum and that parity (or the
-//! mirror copies) agree with the data. Scrub repairs what it finds; check only reports.
+//! mirror copies) agree with the data. Scrub repairs what it finds; check only reports and
+//! writes nothing on any level.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -100,24 +101,7 @@ impl Array {
                     Level::Raid1 | Level::Raid10 => {
                         let mut mismatch = false;
                         for index in 0..g.data_chunks() {
-                            let good =
-                                match self.read_chunk_verified(&members, stripe, index, 0, rows) {
-                                    Ok(good) => good,
-                                    Err(RaidError::Unrecoverable { .. }) => continue,
-                                    Err(e) => return Err(e),
-                                };
-                            for d in g.data_drives(stripe, index).iter() {
-                                if let Some((bad, data)) =
-                                    self.read_rows_checked(&members, d, stripe, 0, rows)
-                                    && bad.iter().all(|b| !b)
-                                    && data[..] != good[..]
-                                {
-                                    mismatch = true;
-                                    if repair {
-                                        self.rewrite_chunk(&members[d], stripe, &good);
-                                    }
-                                }
-                            }
+                            mismatch |= self.scrub_mirror_chunk(&members, stripe, index, repair);
                         }
                         mismatch
                     }
@@ -150,6 +134,58 @@ impl Array {
             self.flush()?;
         }
         Ok(report)
+    }
+
+    /// Reads every copy of one data chunk once, counts the blocks that fail their checksums and
+    /// the copies that disagree with the verified data; with `repair` it rewrites both, without
+    /// it nothing is written. Returns whether verified copies disagreed.
+    fn scrub_mirror_chunk(
+        &self,
+        members: &[crate::array::Member],
+        stripe: u64,
+        index: usize,
+        repair: bool,
+    ) -> bool {
+        let g = self.geometry();
+        let rows = self.rows_per_chunk() as usize;
+        let copies: Vec<usize> = g.data_drives(stripe, index).iter().collect();
+        let reads: Vec<_> = copies
+            .iter()
+            .map(|&d| self.read_rows_checked(members, d, stripe, 0, rows as u64))
+            .collect();
+        let mut good = vec![0u8; rows * BLOCK_BYTES];
+        let mut known = vec![false; rows];
+        for r in 0..rows {
+            let range = r * BLOCK_BYTES..(r + 1) * BLOCK_BYTES;
+            if let Some((_, data)) = reads.iter().flatten().find(|(bad, _)| !bad[r]) {
+                good[range.clone()].copy_from_slice(&data[range]);
+                known[r] = true;
+            } else {
+                self.inner.counters.unrecoverable_blocks.fetch_add(1, Relaxed);
+            }
+        }
+        let mut mismatch = false;
+        for (&d, read) in copies.iter().zip(&reads) {
+            let Some((bad, data)) = read else { continue };
+            let mut differs = false;
+            for r in (0..rows).filter(|&r| known[r]) {
+                let range = r * BLOCK_BYTES..(r + 1) * BLOCK_BYTES;
+                if bad[r] {
+                    if repair {
+                        self.repair_block(&members[d], stripe, r as u64, &good[range]);
+                    }
+                } else if data[range.clone()] != good[range] {
+                    differs = true;
+                }
+            }
+            if differs {
+                mismatch = true;
+                if repair && known.iter().all(|&k| k) {
+                    self.rewrite_chunk(&members[d], stripe, &good);
+                }
+            }
+        }
+        mismatch
     }
 
     fn rewrite_chunk(&self, m: &crate::array::Member, stripe: u64, data: &[u8]) {

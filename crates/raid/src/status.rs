@@ -23,6 +23,11 @@ pub enum ArrayState {
 pub struct RebuildStatus {
     pub slot: usize,
     pub percent: f64,
+    /// Whether a rebuild thread is walking the slot now. False when it stopped (see `error`) or
+    /// when the picture comes from labels alone.
+    pub running: bool,
+    /// Why the rebuild stopped before finishing, if it did.
+    pub error: Option<String>,
     pub rate_bytes_s: u64,
     pub rate_limit_bytes_s: u64,
 }
@@ -138,9 +143,15 @@ impl Array {
                     p.stripes_done.load(Relaxed) as f64 * 100.0 / total as f64
                 })
                 .unwrap_or(0.0);
+            let running = progress.as_ref().is_some_and(|p| !p.finished.load(Relaxed));
+            let error = progress
+                .as_ref()
+                .and_then(|p| p.error.lock().unwrap_or_else(|e| e.into_inner()).clone());
             RebuildStatus {
                 slot,
                 percent,
+                running,
+                error,
                 rate_bytes_s: progress.map(|p| p.rate_bytes_s()).unwrap_or(0),
                 rate_limit_bytes_s: self.inner.rebuild.rate_limit(),
             }
@@ -179,11 +190,16 @@ impl Array {
         crate::rebuild::wait_idle(self)
     }
 
-    /// (done, total) stripes of the running rebuild, if any.
+    /// (done, total, bytes/s) of the running rebuild, if one is running; a rebuild that stopped
+    /// on an error reports nothing here (its reason is in `status().rebuild`).
     pub fn rebuild_progress(&self) -> Option<(u64, u64, u64)> {
         let members = self.members();
-        let slot = members.iter().position(|m| m.state == SlotState::Rebuilding)?;
-        let p = self.inner.rebuild.progress(slot)?;
+        let p = members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.state == SlotState::Rebuilding)
+            .filter_map(|(slot, _)| self.inner.rebuild.progress(slot))
+            .find(|p| !p.finished.load(Relaxed))?;
         Some((p.stripes_done.load(Relaxed), p.stripes_total.load(Relaxed), p.rate_bytes_s()))
     }
 }
@@ -254,6 +270,8 @@ pub fn inspect(labels: &[(String, Superblock)]) -> Option<ArrayStatus> {
     };
     let rebuild = rebuilding.map(|slot| RebuildStatus {
         slot,
+        running: false,
+        error: None,
         percent: auth.slots[slot].rebuild_cursor as f64 * 100.0 / geometry.stripes().max(1) as f64,
         rate_bytes_s: auth.rebuild_rate_bytes_s,
         rate_limit_bytes_s: 0,

@@ -5,7 +5,9 @@
 //! holds no storage logic of its own: arrays, drives and parity live in `stria-raid` and
 //! `stria-io`, and every command here is a thin, careful driver of their public API.
 
+mod fs_cmd;
 mod interrupt;
+mod node;
 mod raid_bench;
 mod raid_bench_report;
 mod raid_cmd;
@@ -14,6 +16,7 @@ mod raid_status;
 mod rng;
 mod torture;
 mod units;
+mod up;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -21,7 +24,8 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{ArgAction, Parser, Subcommand};
 
-/// Stria: a storage system. `stria raid` manages software RAID arrays over drives or files.
+/// Stria: a flash storage system. `stria up` runs a whole node (file system, mount); `stria raid`
+/// manages software RAID arrays over drives or files.
 #[derive(Parser, Debug)]
 #[command(name = "stria", version, propagate_version = true)]
 struct Cli {
@@ -35,6 +39,20 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run an all-in-one node: drive files, RAID targets, the file system and its FUSE mount.
+    /// The first run creates everything under --data; later runs reassemble it.
+    Up(up::UpArgs),
+    /// Capacity and use per target and pool of a running node.
+    Df(fs_cmd::NodeArgs),
+    /// Show the layout of files (stripe count, stripe size, pool, targets) or the default
+    /// layout of directories, as Lustre's `lfs getstripe`.
+    Getstripe(fs_cmd::GetStripeArgs),
+    /// Set the default layout of a directory, or the layout of a new or empty file, as
+    /// Lustre's `lfs setstripe`.
+    Setstripe(fs_cmd::SetStripeArgs),
+    /// Administer the targets of a running node.
+    #[command(subcommand)]
+    Target(fs_cmd::TargetCommand),
     /// Software RAID 0, 1, 10, 5 and 6 over block devices or drive files: create, inspect,
     /// fail, replace, rebuild, scrub, raw read/write and benchmark.
     Raid(raid_cmd::RaidArgs),
@@ -66,8 +84,16 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_error(&e),
     };
-    init_logging(cli.verbose);
+    // `up` logs to a file under its data directory; every other command logs to stderr.
+    if !matches!(cli.command, Command::Up(_)) {
+        init_logging(cli.verbose);
+    }
     let result = match cli.command {
+        Command::Up(args) => up::run(args),
+        Command::Df(args) => fs_cmd::df(args),
+        Command::Getstripe(args) => fs_cmd::getstripe(args),
+        Command::Setstripe(args) => fs_cmd::setstripe(args),
+        Command::Target(command) => fs_cmd::target(command),
         Command::Raid(args) => raid_cmd::run(args),
     };
     match result {
@@ -121,7 +147,6 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
     // Only errors by default: the commands print what a user needs (assembly warnings,
     // progress, reports) themselves, and the libraries' warnings would repeat them.
     let default = match verbose {
@@ -130,12 +155,7 @@ fn init_logging(verbose: u8) {
         2 => "info",
         _ => "debug",
     };
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.is_empty() => {
-            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(default))
-        }
-        _ => EnvFilter::new(default),
-    };
+    let filter = log_filter(default);
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -143,6 +163,32 @@ fn init_logging(verbose: u8) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(verbose >= 3)
         .init();
+}
+
+fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.is_empty() => {
+            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(default))
+        }
+        _ => EnvFilter::new(default),
+    }
+}
+
+/// Logging of a long-running node: info and above to `path` (appended), with timestamps.
+pub fn init_file_logging(path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open the log file {}", path.display()))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter("info"))
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false)
+        .init();
+    Ok(())
 }
 
 #[cfg(test)]

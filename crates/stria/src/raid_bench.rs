@@ -424,12 +424,15 @@ fn check_interrupt() -> Result<()> {
     if interrupt::requested() { Err(anyhow!("interrupted; scratch files removed")) } else { Ok(()) }
 }
 
-/// Seconds the running rebuild still needs at its rate limit (0 when none runs).
+/// Seconds the running rebuild still needs (0 when none runs), at the rate it has kept so far,
+/// or at its limit before it has a rate: a rebuild slows down while foreground I/O runs, so
+/// the limit alone would end rebuilds early and restart them more often than needed.
 fn rebuild_left_s(array: &Array) -> f64 {
-    let Some((done, total, _)) = array.rebuild_progress() else { return 0.0 };
+    let Some((done, total, measured)) = array.rebuild_progress() else { return 0.0 };
     let status = array.status();
     let limit = status.rebuild.map(|r| r.rate_limit_bytes_s).unwrap_or(0).max(1);
-    (total.saturating_sub(done) * array.geometry().unit()) as f64 / limit as f64
+    let rate = if measured > 0 { measured.min(limit) } else { limit };
+    (total.saturating_sub(done) * array.geometry().unit()) as f64 / rate as f64
 }
 
 /// Writes the working set once, so reads return real, checksummed data.

@@ -429,38 +429,10 @@ fn create_array(args: &CreateArgs, all: &[PathBuf], stripe_unit_bytes: u32) -> R
 // fail, replace, rebuild, add-spare
 // ------------------------------------------------------------------------------------------
 
-/// Whether the array keeps its data if `slot` goes out too. Rebuilding members count as out:
-/// they are not yet full copies.
-fn survives_losing(array: &Array, slot: usize) -> bool {
-    let status = array.status();
-    let out: BTreeSet<usize> = status
-        .members
-        .iter()
-        .filter(|m| m.state != "active")
-        .filter_map(|m| m.slot)
-        .chain(std::iter::once(slot))
-        .collect();
-    let g = array.geometry();
-    match g.level {
-        Level::Raid0 => out.is_empty(),
-        Level::Raid1 => out.len() < g.drives,
-        Level::Raid5 => out.len() <= 1,
-        Level::Raid6 => out.len() <= 2,
-        Level::Raid10 => (0..g.drives / 2)
-            .all(|pair| !(out.contains(&(2 * pair)) && out.contains(&(2 * pair + 1)))),
-    }
-}
-
 fn fail(args: FailArgs) -> Result<()> {
     with_array(&args.drives.paths, |array| {
         check_slot(array, args.slot)?;
-        if !survives_losing(array, args.slot) {
-            return Err(anyhow!(
-                "refusing to fail slot {}: the array ({}) would lose data; replace the drives already out first",
-                args.slot,
-                describe_state(&array.status())
-            ));
-        }
+        // The array itself refuses a failure it could not survive, before recording anything.
         array.fail_drive(args.slot)?;
         println!("slot {} failed", args.slot);
         finish_membership_change(array, args.no_wait)

@@ -99,6 +99,12 @@ pub fn describe_state(status: &ArrayStatus) -> String {
         ArrayState::Degraded => format!("degraded{out}"),
         ArrayState::Failed => format!("failed{out}"),
         ArrayState::Rebuilding => match &status.rebuild {
+            Some(r) if r.error.is_some() => format!(
+                "rebuild of slot {} stopped at {:.0}%: {}{out}",
+                r.slot,
+                r.percent,
+                r.error.as_deref().unwrap_or_default()
+            ),
             Some(r) if r.rate_bytes_s > 0 => {
                 format!(
                     "rebuilding slot {} {:.0}% at {}{out}",

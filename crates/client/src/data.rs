@@ -1,0 +1,407 @@
+//! The data path: split file ranges into chunk requests by layout, send them in parallel,
+//! queue writes behind, prefetch ahead of sequential readers.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use stria_proto::fs::{ChunkId, FileLayout, FsStatus, INLINE_DATA_MAX, Ino, ObjectId, TargetId};
+use stria_proto::wire::{
+    ChunkRead, ChunkTruncate, ChunkWrite, MetaReply, MetaRequest, ObjectRemove, TargetSync,
+    Timestamp,
+};
+use tokio::task::JoinSet;
+
+use crate::files::{InodeData, OpenFile, Prefetch};
+use crate::transport::StorageConns;
+use crate::{FsResult, Inner, unexpected};
+
+/// One piece of a file range that falls inside one chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Piece {
+    index: u64,
+    offset_in_chunk: u32,
+    len: u32,
+    /// Where the piece starts inside the caller's range.
+    offset_in_range: usize,
+}
+
+fn pieces(chunk_bytes: u32, offset: u64, len: u64) -> impl Iterator<Item = Piece> {
+    let chunk = chunk_bytes as u64;
+    let end = offset + len;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let index = at / chunk;
+        let offset_in_chunk = at % chunk;
+        let take = (chunk - offset_in_chunk).min(end - at);
+        let piece = Piece {
+            index,
+            offset_in_chunk: offset_in_chunk as u32,
+            len: take as u32,
+            offset_in_range: (at - offset) as usize,
+        };
+        at += take;
+        Some(piece)
+    })
+}
+
+fn distinct_targets(layout: &FileLayout) -> BTreeSet<TargetId> {
+    layout.targets.iter().copied().collect()
+}
+
+fn chunk_id(ino: Ino, index: u64) -> ChunkId {
+    ChunkId { object: ObjectId(ino), index }
+}
+
+pub(crate) async fn write(
+    inner: &Inner,
+    file: &OpenFile,
+    offset: u64,
+    bytes: &[u8],
+) -> FsResult<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let inode = &file.inode;
+    let end = offset.checked_add(bytes.len() as u64).ok_or(FsStatus::TooBig)?;
+    let layout = {
+        let mut state = inode.state();
+        if let Some(error) = state.write_error {
+            return Err(error);
+        }
+        state.prefetch.clear();
+        state.layout.clone()
+    };
+    let layout = match layout {
+        Some(layout) => layout,
+        None if end <= INLINE_DATA_MAX as u64 => {
+            return write_inline(inner, inode, offset, bytes).await;
+        }
+        None => spill(inner, inode).await?,
+    };
+    for piece in pieces(layout.chunk_bytes, offset, bytes.len() as u64) {
+        let start = piece.offset_in_range;
+        let data = Bytes::copy_from_slice(&bytes[start..start + piece.len as usize]);
+        let permit = inode
+            .write_budget
+            .clone()
+            .acquire_many_owned(piece.len)
+            .await
+            .map_err(|_| FsStatus::Io)?;
+        let request = ChunkWrite {
+            target: layout.target_of(piece.index),
+            chunk: chunk_id(file.ino, piece.index),
+            offset: piece.offset_in_chunk,
+            crc: crc32c::crc32c(&data),
+            sync: false,
+        };
+        let storage = inner.storage.clone();
+        let inode = inode.clone();
+        tokio::spawn(async move {
+            if let Err(error) = storage.chunk_write(request, data).await {
+                inode.state().write_error.get_or_insert(error);
+            }
+            drop(permit);
+        });
+    }
+    let mut state = inode.state();
+    state.size = state.size.max(end);
+    state.size_dirty = true;
+    state.mtime = Timestamp::now();
+    Ok(())
+}
+
+async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8]) -> FsResult<()> {
+    let reply = inner
+        .meta
+        .call(MetaRequest::WriteInline { ino: inode.ino, offset, data: bytes.to_vec() })
+        .await?;
+    let MetaReply::Attr(attr) = reply else {
+        return Err(unexpected(&reply));
+    };
+    let mut state = inode.state();
+    state.size = attr.size.max(if state.size_dirty { state.size } else { 0 });
+    Ok(())
+}
+
+/// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
+/// metadata service switches the file over, so a crash in between keeps the inline copy.
+async fn spill(inner: &Inner, inode: &InodeData) -> FsResult<FileLayout> {
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        let reply = inner.meta.call(MetaRequest::Spill { ino: inode.ino }).await?;
+        let (layout, data, version) = match reply {
+            MetaReply::Spilled { layout, data, version } => (layout, data, version),
+            // Already chunked (another client spilled it first).
+            MetaReply::Attr(attr) => {
+                let layout = attr.layout.ok_or(FsStatus::Io)?;
+                inode.state().layout = Some(layout.clone());
+                return Ok(layout);
+            }
+            other => return Err(unexpected(&other)),
+        };
+        if !data.is_empty() {
+            let data = Bytes::from(data);
+            let request = ChunkWrite {
+                target: layout.target_of(0),
+                chunk: chunk_id(inode.ino, 0),
+                offset: 0,
+                crc: crc32c::crc32c(&data),
+                sync: true,
+            };
+            inner.storage.chunk_write(request, data).await?;
+        }
+        let commit = MetaRequest::SpillCommit { ino: inode.ino, layout: layout.clone(), version };
+        match inner.meta.call(commit).await {
+            Ok(_) => {
+                inode.state().layout = Some(layout.clone());
+                return Ok(layout);
+            }
+            // The inline bytes changed meanwhile: plan again.
+            Err(FsStatus::Unavailable) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(FsStatus::Unavailable)
+}
+
+/// Waits until every write queued for the inode has finished.
+pub(crate) async fn drain(inner: &Inner, ino: Ino) -> FsResult<()> {
+    let Some(inode) = inner.files.inode(ino) else {
+        return Ok(());
+    };
+    drain_inode(&inode).await
+}
+
+async fn drain_inode(inode: &InodeData) -> FsResult<()> {
+    let _all = inode
+        .write_budget
+        .acquire_many(inode.write_budget_bytes)
+        .await
+        .map_err(|_| FsStatus::Io)?;
+    Ok(())
+}
+
+pub(crate) async fn read(
+    inner: &Inner,
+    file: &OpenFile,
+    offset: u64,
+    len: u32,
+) -> FsResult<Vec<u8>> {
+    let inode = &file.inode;
+    drain_inode(inode).await?;
+    let (layout, size) = {
+        let state = inode.state();
+        (state.layout.clone(), state.size)
+    };
+    if offset >= size || len == 0 {
+        return Ok(Vec::new());
+    }
+    let len = (len as u64).min(size - offset);
+    let Some(layout) = layout else {
+        let reply = inner.meta.call(MetaRequest::ReadInline { ino: file.ino }).await?;
+        let MetaReply::Bytes(data) = reply else {
+            return Err(unexpected(&reply));
+        };
+        let mut out = vec![0u8; len as usize];
+        let start = (offset as usize).min(data.len());
+        let end = ((offset + len) as usize).min(data.len());
+        out[..end - start].copy_from_slice(&data[start..end]);
+        return Ok(out);
+    };
+    let prefetched = plan_prefetch(inner, inode, &layout, offset, len, size);
+    let mut out = vec![0u8; len as usize];
+    let mut reads = JoinSet::new();
+    for piece in pieces(layout.chunk_bytes, offset, len) {
+        let storage = inner.storage.clone();
+        let cached =
+            prefetched.iter().find(|(index, _)| *index == piece.index).map(|p| p.1.clone());
+        let target = layout.target_of(piece.index);
+        let chunk = chunk_id(file.ino, piece.index);
+        let chunk_bytes = layout.chunk_bytes;
+        reads.spawn(async move {
+            let data = match cached {
+                Some(cell) => {
+                    let whole = cell
+                        .get_or_init(|| fetch_chunk(storage, target, chunk, chunk_bytes))
+                        .await
+                        .clone()?;
+                    let start = (piece.offset_in_chunk as usize).min(whole.len());
+                    let end = (start + piece.len as usize).min(whole.len());
+                    whole.slice(start..end)
+                }
+                None => {
+                    let request =
+                        ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
+                    storage.chunk_read(request).await?
+                }
+            };
+            Ok::<_, FsStatus>((piece, data))
+        });
+    }
+    while let Some(joined) = reads.join_next().await {
+        let (piece, data) = joined.map_err(|_| FsStatus::Io)??;
+        // A chunk shorter than the piece is a hole at its end: those bytes stay zero.
+        let start = piece.offset_in_range;
+        let take = data.len().min(piece.len as usize);
+        out[start..start + take].copy_from_slice(&data[..take]);
+    }
+    Ok(out)
+}
+
+async fn fetch_chunk(
+    storage: StorageConns,
+    target: TargetId,
+    chunk: ChunkId,
+    chunk_bytes: u32,
+) -> FsResult<Bytes> {
+    storage.chunk_read(ChunkRead { target, chunk, offset: 0, len: chunk_bytes }).await
+}
+
+/// Decides which chunks a read may take from (or add to) the prefetch window. A reader is
+/// sequential when it starts near where its last read ended (the kernel sends read-ahead
+/// requests slightly out of order); then the chunks up to `readahead_bytes` past this read are
+/// fetched in the background.
+fn plan_prefetch(
+    inner: &Inner,
+    inode: &InodeData,
+    layout: &FileLayout,
+    offset: u64,
+    len: u64,
+    size: u64,
+) -> Vec<(u64, Prefetch)> {
+    let chunk = layout.chunk_bytes as u64;
+    let mut state = inode.state();
+    let sequential = offset.abs_diff(state.next_sequential) <= 2 * chunk;
+    state.next_sequential = offset + len;
+    let first = offset / chunk;
+    let last = (offset + len - 1) / chunk;
+    state.prefetch.retain(|&index, _| index >= first);
+    let mut used: Vec<(u64, Prefetch)> = (first..=last)
+        .filter_map(|index| state.prefetch.get(&index).map(|cell| (index, cell.clone())))
+        .collect();
+    if !sequential || offset == 0 && len < chunk {
+        return used;
+    }
+    let window = (inner.config.readahead_bytes as u64).max(chunk) / chunk;
+    let end_index = (size.saturating_sub(1)) / chunk;
+    for index in first..=(last + window).min(end_index) {
+        if state.prefetch.contains_key(&index) {
+            continue;
+        }
+        let cell: Prefetch = Default::default();
+        state.prefetch.insert(index, cell.clone());
+        if index <= last {
+            used.push((index, cell));
+            continue;
+        }
+        let storage = inner.storage.clone();
+        let target = layout.target_of(index);
+        let chunk_id = chunk_id(inode.ino, index);
+        let chunk_bytes = layout.chunk_bytes;
+        tokio::spawn(async move {
+            let _ = cell.get_or_init(|| fetch_chunk(storage, target, chunk_id, chunk_bytes)).await;
+        });
+    }
+    used
+}
+
+/// Waits for queued writes, publishes the size and, when `durable`, makes the data stable on
+/// every target of the file and the metadata durable.
+pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsResult<()> {
+    let inode = &file.inode;
+    drain_inode(inode).await?;
+    let (error, dirty, size, mtime, layout) = {
+        let mut state = inode.state();
+        let dirty = state.size_dirty;
+        state.size_dirty = false;
+        (state.write_error.take(), dirty, state.size, state.mtime, state.layout.clone())
+    };
+    if let Some(error) = error {
+        return Err(error);
+    }
+    if durable && let Some(layout) = &layout {
+        let mut syncs = JoinSet::new();
+        for target in distinct_targets(layout) {
+            let storage = inner.storage.clone();
+            syncs.spawn(async move { storage.target_sync(TargetSync { target }).await });
+        }
+        while let Some(joined) = syncs.join_next().await {
+            joined.map_err(|_| FsStatus::Io)??;
+        }
+    }
+    if dirty {
+        let published =
+            inner.meta.call(MetaRequest::ExtendSize { ino: file.ino, size, mtime }).await;
+        if let Err(error) = published {
+            inode.state().size_dirty = true;
+            return Err(error);
+        }
+    }
+    if durable {
+        inner.meta.call(MetaRequest::Sync).await?;
+    }
+    Ok(())
+}
+
+/// Drops the chunk data past `size` after a truncate.
+pub(crate) async fn trim(inner: &Inner, ino: Ino, layout: &FileLayout, size: u64) -> FsResult<()> {
+    let chunk = layout.chunk_bytes as u64;
+    let keep_whole = size.div_ceil(chunk);
+    let mut work = JoinSet::new();
+    for target in distinct_targets(layout) {
+        let storage = inner.storage.clone();
+        let request = ObjectRemove { target, object: ObjectId(ino), from_index: keep_whole };
+        work.spawn(async move { storage.object_remove(request).await });
+    }
+    if size % chunk != 0 {
+        let index = size / chunk;
+        let storage = inner.storage.clone();
+        let request = ChunkTruncate {
+            target: layout.target_of(index),
+            chunk: chunk_id(ino, index),
+            len: (size % chunk) as u32,
+        };
+        work.spawn(async move { storage.chunk_truncate(request).await });
+    }
+    while let Some(joined) = work.join_next().await {
+        joined.map_err(|_| FsStatus::Io)??;
+    }
+    Ok(())
+}
+
+/// Removes every chunk of a file whose last link is gone.
+pub(crate) async fn remove_object(inner: &Inner, ino: Ino, layout: &FileLayout) -> FsResult<()> {
+    let mut work = JoinSet::new();
+    for target in distinct_targets(layout) {
+        let storage = inner.storage.clone();
+        let request = ObjectRemove { target, object: ObjectId(ino), from_index: 0 };
+        work.spawn(async move { storage.object_remove(request).await });
+    }
+    while let Some(joined) = work.join_next().await {
+        joined.map_err(|_| FsStatus::Io)??;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_at_chunk_boundaries() {
+        let got: Vec<Piece> = pieces(1024, 1000, 2100).collect();
+        assert_eq!(
+            got,
+            vec![
+                Piece { index: 0, offset_in_chunk: 1000, len: 24, offset_in_range: 0 },
+                Piece { index: 1, offset_in_chunk: 0, len: 1024, offset_in_range: 24 },
+                Piece { index: 2, offset_in_chunk: 0, len: 1024, offset_in_range: 1048 },
+                Piece { index: 3, offset_in_chunk: 0, len: 28, offset_in_range: 2072 },
+            ]
+        );
+        assert_eq!(pieces(1024, 5, 0).count(), 0);
+    }
+}

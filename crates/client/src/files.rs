@@ -1,0 +1,170 @@
+//! Open files: handles, and the per-inode state their writes and reads share.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use stria_proto::fs::{FileLayout, FsStatus, Ino};
+use stria_proto::wire::{Attr, Timestamp};
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::FsResult;
+
+/// The handle `open` returns; the FUSE mount hands it back on every call.
+pub type FileHandleId = u64;
+
+#[derive(Debug)]
+pub(crate) struct OpenFile {
+    pub ino: Ino,
+    pub inode: Arc<InodeData>,
+}
+
+/// A chunk being (or already) fetched ahead of a sequential reader.
+pub(crate) type Prefetch = Arc<OnceCell<FsResult<Bytes>>>;
+
+/// State shared by every open handle of one inode in this client.
+#[derive(Debug)]
+pub(crate) struct InodeData {
+    pub ino: Ino,
+    state: Mutex<InodeState>,
+    /// Queued writes hold permits (one per byte); waiting for all of them drains the queue.
+    pub write_budget: Arc<Semaphore>,
+    pub write_budget_bytes: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct InodeState {
+    pub opens: u32,
+    /// `None` while the file's bytes live inside its inode.
+    pub layout: Option<FileLayout>,
+    /// The size including queued writes.
+    pub size: u64,
+    /// The size or mtime changed here and the metadata service has not been told yet.
+    pub size_dirty: bool,
+    pub mtime: Timestamp,
+    /// The first error of a queued write, reported by the next flush or fsync.
+    pub write_error: Option<FsStatus>,
+    pub prefetch: HashMap<u64, Prefetch>,
+    /// Where the next read of a sequential reader would start.
+    pub next_sequential: u64,
+}
+
+impl InodeData {
+    pub fn state(&self) -> MutexGuard<'_, InodeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct OpenFiles {
+    handles: Mutex<HashMap<FileHandleId, Arc<OpenFile>>>,
+    inodes: Mutex<HashMap<Ino, Arc<InodeData>>>,
+    next_handle: AtomicU64,
+    write_behind_bytes: u32,
+}
+
+impl OpenFiles {
+    pub fn new(write_behind_bytes: usize) -> OpenFiles {
+        OpenFiles {
+            handles: Mutex::new(HashMap::new()),
+            inodes: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            write_behind_bytes: write_behind_bytes.clamp(16 << 20, u32::MAX as usize) as u32,
+        }
+    }
+
+    pub fn open(&self, attr: &Attr) -> FileHandleId {
+        let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        let inode = inodes
+            .entry(attr.ino)
+            .or_insert_with(|| {
+                Arc::new(InodeData {
+                    ino: attr.ino,
+                    state: Mutex::new(InodeState {
+                        opens: 0,
+                        layout: attr.layout.clone(),
+                        size: attr.size,
+                        size_dirty: false,
+                        mtime: attr.mtime,
+                        write_error: None,
+                        prefetch: HashMap::new(),
+                        next_sequential: 0,
+                    }),
+                    write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
+                    write_budget_bytes: self.write_behind_bytes,
+                })
+            })
+            .clone();
+        {
+            let mut state = inode.state();
+            state.opens += 1;
+            if state.layout.is_none() {
+                state.layout = attr.layout.clone();
+            }
+            if !state.size_dirty {
+                state.size = attr.size;
+            }
+        }
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let file = Arc::new(OpenFile { ino: attr.ino, inode });
+        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, file);
+        fh
+    }
+
+    pub fn get(&self, fh: FileHandleId) -> FsResult<Arc<OpenFile>> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or(FsStatus::Stale)
+    }
+
+    /// Forgets a handle; true when it was the inode's last one here.
+    pub fn close(&self, fh: FileHandleId) -> bool {
+        let Some(file) = self.handles.lock().unwrap_or_else(|e| e.into_inner()).remove(&fh) else {
+            return false;
+        };
+        let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        let last = {
+            let mut state = file.inode.state();
+            state.opens -= 1;
+            state.opens == 0
+        };
+        if last {
+            inodes.remove(&file.ino);
+        }
+        last
+    }
+
+    pub fn inode(&self, ino: Ino) -> Option<Arc<InodeData>> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner()).get(&ino).cloned()
+    }
+
+    /// Attributes as this client sees them: the metadata service's, with the size and mtime of
+    /// writes still queued here.
+    pub fn overlay(&self, mut attr: Attr) -> Attr {
+        if let Some(inode) = self.inode(attr.ino) {
+            let state = inode.state();
+            if state.size_dirty {
+                attr.size = attr.size.max(state.size);
+                attr.mtime = attr.mtime.max(state.mtime);
+            }
+            if attr.layout.is_none() {
+                attr.layout = state.layout.clone();
+            }
+        }
+        attr
+    }
+
+    /// A truncate is about to set the size: forget what this client believed.
+    pub fn before_truncate(&self, ino: Ino, size: u64) {
+        if let Some(inode) = self.inode(ino) {
+            let mut state = inode.state();
+            state.size = size;
+            state.size_dirty = false;
+            state.prefetch.clear();
+        }
+    }
+}

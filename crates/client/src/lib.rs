@@ -1,0 +1,408 @@
+//! The Stria client library.
+//!
+//! Names and attributes go to the metadata service; file data is split by the file's layout
+//! into chunk requests that go to the storage targets in parallel, many in flight at once.
+//! Writes are acknowledged once they are queued (write-behind, bounded per file); `flush`
+//! (close) and `fsync` wait for them and report the first error, and `fsync` also makes every
+//! target the file touches and the metadata durable. Sequential reads prefetch whole chunks.
+//! Consistency is close-to-open: `open` fetches fresh attributes, `flush` publishes the size.
+//!
+//! The API is synchronous (the FUSE mount calls it from its worker threads) and runs its
+//! requests on a tokio runtime it is given.
+
+mod data;
+mod files;
+mod transport;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, TargetId};
+use stria_proto::wire::{
+    Attr, Caller, DirEntry, FileKind, MetaReply, MetaRequest, Released, RenameFlags, SetAttr,
+    StatFs, TargetInfo, XattrSetMode,
+};
+use tokio::runtime::Handle;
+
+pub use files::FileHandleId;
+use files::OpenFiles;
+use transport::{MetaConn, StorageConns};
+
+/// Where the services are and how the client behaves.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The metadata service.
+    pub meta: SocketAddr,
+    /// Which storage service serves each target.
+    pub targets: Vec<(TargetId, SocketAddr)>,
+    /// Deadline of one request.
+    pub request_timeout: Duration,
+    /// Most bytes of acknowledged but unfinished writes per open file.
+    pub write_behind_bytes: usize,
+    /// How far ahead of a sequential reader chunks are fetched.
+    pub readahead_bytes: usize,
+}
+
+impl ClientConfig {
+    pub fn new(meta: SocketAddr, targets: Vec<(TargetId, SocketAddr)>) -> ClientConfig {
+        ClientConfig {
+            meta,
+            targets,
+            request_timeout: Duration::from_secs(30),
+            write_behind_bytes: 64 << 20,
+            readahead_bytes: 8 << 20,
+        }
+    }
+}
+
+pub type FsResult<T> = Result<T, FsStatus>;
+
+/// A connection to one Stria file system. Cheap to clone; every clone shares connections and
+/// open-file state.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    runtime: Handle,
+    config: ClientConfig,
+    meta: MetaConn,
+    storage: StorageConns,
+    files: OpenFiles,
+}
+
+impl Client {
+    /// Connects lazily: the first request to each service opens its connection.
+    pub fn new(runtime: Handle, config: ClientConfig) -> Client {
+        let meta = MetaConn::new(config.meta, config.request_timeout);
+        let storage = StorageConns::new(&config.targets, config.request_timeout);
+        let files = OpenFiles::new(config.write_behind_bytes);
+        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files }) }
+    }
+
+    fn block<T>(&self, work: impl Future<Output = T>) -> T {
+        self.inner.runtime.block_on(work)
+    }
+
+    fn meta(&self, request: MetaRequest) -> FsResult<MetaReply> {
+        self.block(self.inner.meta.call(request))
+    }
+
+    fn attr_reply(&self, request: MetaRequest) -> FsResult<Attr> {
+        match self.meta(request)? {
+            MetaReply::Attr(attr) => Ok(self.inner.files.overlay(attr)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn lookup(&self, caller: &Caller, parent: Ino, name: &[u8]) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::Lookup { caller: caller.clone(), parent, name: name.to_vec() })
+    }
+
+    pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::GetAttr { ino })
+    }
+
+    /// Changes attributes; a size change waits for queued writes and trims or removes the
+    /// chunks past the new end.
+    pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        if let Some(size) = set.size {
+            self.block(data::drain(&self.inner, ino))?;
+            self.inner.files.before_truncate(ino, size);
+        }
+        let truncating = set.size.is_some();
+        let (attr, old_size) =
+            match self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set })? {
+                MetaReply::SetAttr { attr, old_size } => (attr, old_size),
+                other => return Err(unexpected(&other)),
+            };
+        if truncating && attr.size < old_size {
+            if let Some(layout) = &attr.layout {
+                self.block(data::trim(&self.inner, ino, layout, attr.size))?;
+            }
+        }
+        Ok(self.inner.files.overlay(attr))
+    }
+
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        exclusive: bool,
+    ) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            kind,
+            mode,
+            rdev,
+            exclusive,
+        })
+    }
+
+    pub fn mkdir(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::Mkdir {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            mode,
+        })
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::Symlink {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+        })
+    }
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> FsResult<Attr> {
+        self.attr_reply(MetaRequest::Link {
+            caller: caller.clone(),
+            ino,
+            new_parent,
+            new_name: new_name.to_vec(),
+        })
+    }
+
+    pub fn unlink(&self, caller: &Caller, parent: Ino, name: &[u8]) -> FsResult<()> {
+        let reply =
+            self.meta(MetaRequest::Unlink { caller: caller.clone(), parent, name: name.to_vec() })?;
+        self.release_inode(reply)
+    }
+
+    pub fn rmdir(&self, caller: &Caller, parent: Ino, name: &[u8]) -> FsResult<()> {
+        self.meta(MetaRequest::Rmdir { caller: caller.clone(), parent, name: name.to_vec() })?;
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let reply = self.meta(MetaRequest::Rename {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        })?;
+        self.release_inode(reply)
+    }
+
+    /// Removes the chunks of an inode the metadata service released (its last link went away
+    /// and nobody has it open; an open one is released by its last `release`).
+    fn release_inode(&self, reply: MetaReply) -> FsResult<()> {
+        let released = match reply {
+            MetaReply::Released(released) => released,
+            other => return Err(unexpected(&other)),
+        };
+        let Some(Released { ino, layout: Some(layout) }) = released else {
+            return Ok(());
+        };
+        self.block(data::remove_object(&self.inner, ino, &layout))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
+        match self.meta(MetaRequest::Readlink { ino })? {
+            MetaReply::Bytes(target) => Ok(target),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Up to `max_entries` entries from `cookie` on (0 = the start), without `.` and `..`.
+    pub fn readdir(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        cookie: u64,
+        max_entries: u32,
+    ) -> FsResult<Vec<DirEntry>> {
+        match self.meta(MetaRequest::Readdir {
+            caller: caller.clone(),
+            ino,
+            cookie,
+            max_entries,
+        })? {
+            MetaReply::Entries(entries) => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn access(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<()> {
+        self.meta(MetaRequest::Access { caller: caller.clone(), ino, mask })?;
+        Ok(())
+    }
+
+    /// Opens a file for I/O (`mask`: the R_OK/W_OK bits the open needs).
+    pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
+        let (attr, _inline) =
+            match self.meta(MetaRequest::Open { caller: caller.clone(), ino, mask })? {
+                MetaReply::Open { attr, inline } => (attr, inline),
+                other => return Err(unexpected(&other)),
+            };
+        let fh = self.inner.files.open(&attr);
+        Ok((fh, self.inner.files.overlay(attr)))
+    }
+
+    pub fn read(&self, fh: FileHandleId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
+        let file = self.inner.files.get(fh)?;
+        self.block(data::read(&self.inner, &file, offset, len))
+    }
+
+    /// Queues a write; its outcome is reported by a later `flush` or `fsync` if it fails.
+    pub fn write(&self, fh: FileHandleId, offset: u64, bytes: &[u8]) -> FsResult<u32> {
+        let file = self.inner.files.get(fh)?;
+        self.block(data::write(&self.inner, &file, offset, bytes))?;
+        Ok(bytes.len() as u32)
+    }
+
+    /// Waits for queued writes and publishes the size (close-to-open consistency).
+    pub fn flush(&self, fh: FileHandleId) -> FsResult<()> {
+        let file = self.inner.files.get(fh)?;
+        self.block(data::flush(&self.inner, &file, false))
+    }
+
+    /// Makes the file's data and metadata durable on every target it touches.
+    pub fn fsync(&self, fh: FileHandleId) -> FsResult<()> {
+        let file = self.inner.files.get(fh)?;
+        self.block(data::flush(&self.inner, &file, true))
+    }
+
+    /// Closes a handle: queued writes finish and the size is published; the last close of
+    /// an unlinked file removes its chunks.
+    pub fn release(&self, fh: FileHandleId) -> FsResult<()> {
+        let file = self.inner.files.get(fh)?;
+        let flushed = self.block(data::flush(&self.inner, &file, false));
+        self.inner.files.close(fh);
+        let released = self.meta(MetaRequest::Release { ino: file.ino })?;
+        self.release_inode(released)?;
+        flushed
+    }
+
+    pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        match self.meta(MetaRequest::GetXattr {
+            caller: caller.clone(),
+            ino,
+            name: name.to_vec(),
+        })? {
+            MetaReply::Bytes(value) => Ok(value),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrSetMode,
+    ) -> FsResult<()> {
+        self.meta(MetaRequest::SetXattr {
+            caller: caller.clone(),
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            mode,
+        })?;
+        Ok(())
+    }
+
+    pub fn listxattr(&self, caller: &Caller, ino: Ino) -> FsResult<Vec<Vec<u8>>> {
+        match self.meta(MetaRequest::ListXattr { caller: caller.clone(), ino })? {
+            MetaReply::Names(names) => Ok(names),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn removexattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.meta(MetaRequest::RemoveXattr { caller: caller.clone(), ino, name: name.to_vec() })?;
+        Ok(())
+    }
+
+    pub fn statfs(&self) -> FsResult<StatFs> {
+        match self.meta(MetaRequest::StatFs)? {
+            MetaReply::StatFs(statfs) => Ok(statfs),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn layout_policy(&self, ino: Ino) -> FsResult<LayoutPolicy> {
+        match self.meta(MetaRequest::GetLayoutPolicy { ino })? {
+            MetaReply::Policy(policy) => Ok(policy),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub fn set_layout_policy(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        policy: LayoutPolicy,
+    ) -> FsResult<()> {
+        self.meta(MetaRequest::SetLayoutPolicy { caller: caller.clone(), ino, policy })?;
+        Ok(())
+    }
+
+    /// Every target's capacity and state, as the storage services report them.
+    pub fn targets(&self) -> FsResult<Vec<TargetInfo>> {
+        self.block(self.inner.storage.list_targets())
+    }
+
+    /// Marks one drive of a target failed (administrative; the target goes degraded).
+    pub fn fail_drive(&self, target: TargetId, slot: u32) -> FsResult<TargetInfo> {
+        let request = stria_proto::wire::TargetFailDrive { target, slot };
+        self.block(self.inner.storage.fail_drive(request))
+    }
+
+    /// Gives an empty regular file the layout `policy` describes.
+    pub fn set_file_layout(&self, caller: &Caller, ino: Ino, policy: LayoutPolicy) -> FsResult<()> {
+        self.meta(MetaRequest::SetFileLayout { caller: caller.clone(), ino, policy })?;
+        Ok(())
+    }
+
+    /// Makes every metadata change durable.
+    pub fn sync_meta(&self) -> FsResult<()> {
+        self.meta(MetaRequest::Sync)?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+}
+
+fn unexpected(reply: &MetaReply) -> FsStatus {
+    tracing::error!(?reply, "metadata service sent a reply of the wrong kind");
+    FsStatus::Io
+}

@@ -1,0 +1,180 @@
+//! Connections to the services and the encoding of their requests.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use stria_proto::fs::{FsStatus, TargetId};
+use stria_proto::wire::{
+    ChunkRead, ChunkTruncate, ChunkWrite, MetaReply, MetaRequest, ObjectRemove, TargetFailDrive,
+    TargetInfo, TargetSync, meta_method, storage_method,
+};
+use tokio::sync::OnceCell;
+
+use crate::FsResult;
+
+/// One service address with a lazily opened, pipelined connection.
+#[derive(Debug)]
+struct Conn {
+    addr: SocketAddr,
+    timeout: Duration,
+    client: OnceCell<stria_rpc::Client>,
+}
+
+impl Conn {
+    fn new(addr: SocketAddr, timeout: Duration) -> Conn {
+        Conn { addr, timeout, client: OnceCell::new() }
+    }
+
+    async fn call(&self, method: u16, message: Bytes, data: Bytes) -> FsResult<(Bytes, Bytes)> {
+        let client = self
+            .client
+            .get_or_try_init(|| async {
+                stria_rpc::Client::connect(self.addr).await.map_err(|error| {
+                    tracing::warn!(addr = %self.addr, %error, "cannot connect");
+                    FsStatus::Unavailable
+                })
+            })
+            .await?;
+        let reply = client.call(method, message, data, self.timeout).await.map_err(|error| {
+            tracing::warn!(addr = %self.addr, method, %error, "request failed");
+            FsStatus::Io
+        })?;
+        status_to_result(reply.status)?;
+        Ok((reply.message, reply.data))
+    }
+
+    async fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: u16,
+        request: &Req,
+        data: Bytes,
+    ) -> FsResult<(Resp, Bytes)> {
+        let message = postcard::to_stdvec(request).map_err(|_| FsStatus::Invalid)?;
+        let (message, data) = self.call(method, Bytes::from(message), data).await?;
+        let reply = postcard::from_bytes(&message).map_err(|error| {
+            tracing::error!(addr = %self.addr, method, %error, "undecodable reply");
+            FsStatus::Io
+        })?;
+        Ok((reply, data))
+    }
+}
+
+fn status_to_result(status: u16) -> FsResult<()> {
+    if status == 0 {
+        return Ok(());
+    }
+    match FsStatus::from_rpc_code(status) {
+        Some(error) => Err(error),
+        None => {
+            tracing::warn!(status, "request failed with a transport status");
+            Err(
+                if status == stria_rpc::status::DEADLINE_EXCEEDED
+                    || status == stria_rpc::status::OVERLOADED
+                {
+                    FsStatus::Unavailable
+                } else {
+                    FsStatus::Io
+                },
+            )
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct MetaConn {
+    conn: Conn,
+}
+
+impl MetaConn {
+    pub fn new(addr: SocketAddr, timeout: Duration) -> MetaConn {
+        MetaConn { conn: Conn::new(addr, timeout) }
+    }
+
+    pub async fn call(&self, request: MetaRequest) -> FsResult<MetaReply> {
+        let (reply, _) = self.conn.call_typed(meta_method::CALL, &request, Bytes::new()).await?;
+        Ok(reply)
+    }
+}
+
+/// Connections to the storage services, one per address, shared by the targets they serve.
+#[derive(Clone, Debug)]
+pub(crate) struct StorageConns {
+    targets: Arc<HashMap<TargetId, Arc<Conn>>>,
+    all: Arc<Vec<Arc<Conn>>>,
+}
+
+impl StorageConns {
+    pub fn new(targets: &[(TargetId, SocketAddr)], timeout: Duration) -> StorageConns {
+        let mut by_addr: HashMap<SocketAddr, Arc<Conn>> = HashMap::new();
+        let mut map = HashMap::new();
+        for (target, addr) in targets {
+            let conn =
+                by_addr.entry(*addr).or_insert_with(|| Arc::new(Conn::new(*addr, timeout))).clone();
+            map.insert(*target, conn);
+        }
+        StorageConns { targets: Arc::new(map), all: Arc::new(by_addr.into_values().collect()) }
+    }
+
+    fn conn(&self, target: TargetId) -> FsResult<&Conn> {
+        self.targets.get(&target).map(|c| c.as_ref()).ok_or_else(|| {
+            tracing::error!(%target, "no storage service known for target");
+            FsStatus::Unavailable
+        })
+    }
+
+    pub async fn chunk_read(&self, request: ChunkRead) -> FsResult<Bytes> {
+        let conn = self.conn(request.target)?;
+        let ((), data) =
+            conn.call_typed(storage_method::CHUNK_READ, &request, Bytes::new()).await?;
+        Ok(data)
+    }
+
+    pub async fn chunk_write(&self, request: ChunkWrite, data: Bytes) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let ((), _) = conn.call_typed(storage_method::CHUNK_WRITE, &request, data).await?;
+        Ok(())
+    }
+
+    pub async fn chunk_truncate(&self, request: ChunkTruncate) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let ((), _) =
+            conn.call_typed(storage_method::CHUNK_TRUNCATE, &request, Bytes::new()).await?;
+        Ok(())
+    }
+
+    pub async fn object_remove(&self, request: ObjectRemove) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let ((), _) =
+            conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new()).await?;
+        Ok(())
+    }
+
+    pub async fn target_sync(&self, request: TargetSync) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let ((), _) = conn.call_typed(storage_method::TARGET_SYNC, &request, Bytes::new()).await?;
+        Ok(())
+    }
+
+    pub async fn fail_drive(&self, request: TargetFailDrive) -> FsResult<TargetInfo> {
+        let conn = self.conn(request.target)?;
+        let (info, _) =
+            conn.call_typed(storage_method::TARGET_FAIL_DRIVE, &request, Bytes::new()).await?;
+        Ok(info)
+    }
+
+    pub async fn list_targets(&self) -> FsResult<Vec<TargetInfo>> {
+        let mut all = Vec::new();
+        for conn in self.all.iter() {
+            let (infos, _): (Vec<TargetInfo>, _) =
+                conn.call_typed(storage_method::TARGET_LIST, &(), Bytes::new()).await?;
+            all.extend(infos);
+        }
+        all.sort_by_key(|info| info.target);
+        Ok(all)
+    }
+}

@@ -1,0 +1,713 @@
+//! The engine: chunk reads and writes, copy-on-write at 4 KiB block granularity.
+
+use std::hash::{Hash, Hasher};
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend};
+use serde::{Deserialize, Serialize};
+use stria_proto::Uuid;
+use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, ObjectId, TargetId};
+use stria_raid::Array;
+
+use crate::alloc::{Allocator, Run};
+use crate::commit::{self, CHUNKS, Committer, META, MapOp};
+use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
+use crate::superblock::{FORMAT_VERSION, Superblock};
+use crate::{BLOCK, EngineError};
+
+/// File name of the chunk map inside the directory the caller gives.
+pub const MAP_FILE_NAME: &str = "chunkmap.redb";
+/// Chunk locks are striped over this many reader-writer locks (by chunk id hash).
+const CHUNK_LOCK_STRIPES: usize = 1024;
+/// Largest single array request the engine issues; larger runs are split.
+const ARRAY_IO_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// What a write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteDone {
+    /// The chunk's length after the write.
+    pub chunk_len: u32,
+}
+
+/// Space on the target, in bytes of the data area (the reserved first stripe excluded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpaceStats {
+    pub total_bytes: u64,
+    /// Held by live chunks.
+    pub used_bytes: u64,
+    /// Allocatable now.
+    pub free_bytes: u64,
+    /// Freed by changes not yet durable; free after the next sync (a write that runs out of
+    /// space syncs and takes them).
+    pub reclaimable_bytes: u64,
+    pub chunks: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct Identity {
+    format_version: u32,
+    target: u32,
+    engine_uuid: [u8; 16],
+    array_uuid: [u8; 16],
+}
+
+/// The chunk engine of one target. All methods take `&self` and may be called from many
+/// threads; see the crate documentation for the format and the crash-safety argument.
+pub struct Engine {
+    array: Arc<Array>,
+    /// Dropped by hand: redb promotes non-durable commits at close, which is only safe after the
+    /// array is flushed (see `Drop`).
+    db: ManuallyDrop<Database>,
+    sb: Superblock,
+    locks: Box<[RwLock<()>]>,
+    alloc: Mutex<Allocator>,
+    committer: Committer,
+    chunks: AtomicU64,
+}
+
+// The storage service shares one engine between all its request threads.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+};
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("target", &self.sb.target).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn key(chunk: ChunkId) -> (u64, u64) {
+    (chunk.object.0, chunk.index)
+}
+
+/// Blocks to take one new copy of, and where they go in the chunk.
+struct Segment {
+    first_block: u32,
+    bytes: Vec<u8>,
+}
+
+impl Engine {
+    /// Formats `array` for a new target and creates its chunk map in `dir` (which may not hold
+    /// one already).
+    pub fn create(array: Arc<Array>, dir: &Path, target: TargetId) -> Result<Engine, EngineError> {
+        let path = dir.join(MAP_FILE_NAME);
+        if path.exists() {
+            return Err(EngineError::Exists(path));
+        }
+        std::fs::create_dir_all(dir)?;
+        let db = Database::builder().create(&path)?;
+        let engine = Engine::format(array, db, target)?;
+        // The new file's directory entry must be durable too, or a crash could lose the map.
+        std::fs::File::open(dir)?.sync_all()?;
+        Ok(engine)
+    }
+
+    /// Opens the target whose chunk map is in `dir`: checks that the map and the array belong
+    /// together, then rebuilds the free-space map from the chunk map.
+    pub fn open(array: Arc<Array>, dir: &Path) -> Result<Engine, EngineError> {
+        let path: PathBuf = dir.join(MAP_FILE_NAME);
+        if !path.exists() {
+            return Err(EngineError::MissingMap(path));
+        }
+        let db = Database::builder().open(&path)?;
+        Engine::load(array, db)
+    }
+
+    /// As [`Engine::create`], with the chunk map on a caller's redb backend (tests use
+    /// [`crate::testing::MemMapStore`] to simulate crashes).
+    pub fn create_with_backend(
+        array: Arc<Array>,
+        backend: impl StorageBackend,
+        target: TargetId,
+    ) -> Result<Engine, EngineError> {
+        let db = Database::builder().create_with_backend(backend)?;
+        if read_identity(&db)?.is_some() {
+            return Err(EngineError::Invalid("the backend already holds a chunk map".into()));
+        }
+        Engine::format(array, db, target)
+    }
+
+    /// As [`Engine::open`], with the chunk map on a caller's redb backend.
+    pub fn open_with_backend(
+        array: Arc<Array>,
+        backend: impl StorageBackend,
+    ) -> Result<Engine, EngineError> {
+        let db = Database::builder().create_with_backend(backend)?;
+        Engine::load(array, db)
+    }
+
+    fn format(array: Arc<Array>, db: Database, target: TargetId) -> Result<Engine, EngineError> {
+        let block_count = array.capacity_bytes() / BLOCK as u64;
+        let stripe_blocks = (array.geometry().stripe_data_bytes() / BLOCK as u64).max(1);
+        // The whole first stripe is reserved so data runs stay stripe-aligned; block 0 of it
+        // holds the superblock.
+        let data_start_block = stripe_blocks;
+        if block_count <= data_start_block {
+            return Err(EngineError::Invalid(format!(
+                "array of {} bytes is too small for a chunk engine",
+                array.capacity_bytes()
+            )));
+        }
+        let sb = Superblock {
+            target,
+            engine_uuid: Uuid::random(),
+            array_uuid: array.uuid(),
+            data_start_block,
+            block_count,
+        };
+        let identity = Identity {
+            format_version: FORMAT_VERSION,
+            target: target.0,
+            engine_uuid: sb.engine_uuid.0,
+            array_uuid: sb.array_uuid.0,
+        };
+        // Superblock first, durable, then the map's identity: a crash in between leaves a map
+        // without identity, which open refuses, never a map that matches a foreign array.
+        array.write(0, &sb.encode())?;
+        array.flush()?;
+        let tx = db.begin_write()?;
+        {
+            let mut meta = tx.open_table(META)?;
+            let bytes = postcard::to_allocvec(&identity)
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            meta.insert("identity", bytes.as_slice())?;
+            tx.open_table(CHUNKS)?;
+        }
+        tx.commit()?;
+        tracing::info!(%target, "chunk engine created");
+        Engine::assemble(array, db, sb, Vec::new(), 0)
+    }
+
+    fn load(array: Arc<Array>, db: Database) -> Result<Engine, EngineError> {
+        let mut block0 = vec![0u8; BLOCK];
+        array.read(0, &mut block0)?;
+        let sb = Superblock::decode(&block0).map_err(EngineError::Superblock)?;
+        let identity = read_identity(&db)?
+            .ok_or_else(|| EngineError::WrongArray("the chunk map has no identity".into()))?;
+        if identity.engine_uuid != sb.engine_uuid.0 || identity.target != sb.target.0 {
+            return Err(EngineError::WrongArray(format!(
+                "the array is target {} (engine {}), the chunk map is target {} (engine {})",
+                sb.target,
+                hex(&sb.engine_uuid.0),
+                TargetId(identity.target),
+                hex(&identity.engine_uuid)
+            )));
+        }
+        if sb.array_uuid != array.uuid() || identity.array_uuid != array.uuid().0 {
+            return Err(EngineError::WrongArray(format!(
+                "the engine was created on array {}, this is array {}",
+                hex(&sb.array_uuid.0),
+                hex(&array.uuid().0)
+            )));
+        }
+        if sb.block_count > array.capacity_bytes() / BLOCK as u64 {
+            return Err(EngineError::WrongArray(format!(
+                "the engine expects {} blocks, the array has {}",
+                sb.block_count,
+                array.capacity_bytes() / BLOCK as u64
+            )));
+        }
+        // Recovery: every block named by a committed record is used, everything else is free.
+        // Blocks written for changes that never committed are thereby free again.
+        let mut used = Vec::new();
+        let mut chunks = 0u64;
+        {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(CHUNKS)?;
+            for entry in table.iter()? {
+                let (k, v) = entry?;
+                let (object, index) = k.value();
+                let rec = ChunkRecord::decode(v.value()).map_err(|e| {
+                    EngineError::MapCorrupt(format!("chunk {object:016x}:{index}: {e}"))
+                })?;
+                used.extend(rec.physical_runs());
+                chunks += 1;
+            }
+        }
+        tracing::info!(target = %sb.target, chunks, "chunk engine opened");
+        Engine::assemble(array, db, sb, used, chunks)
+    }
+
+    fn assemble(
+        array: Arc<Array>,
+        db: Database,
+        sb: Superblock,
+        used: Vec<Run>,
+        chunks: u64,
+    ) -> Result<Engine, EngineError> {
+        let stripe_blocks = (array.geometry().stripe_data_bytes() / BLOCK as u64).max(1);
+        let alloc = Allocator::with_used(sb.data_start_block, sb.block_count, stripe_blocks, used)
+            .map_err(EngineError::MapCorrupt)?;
+        Ok(Engine {
+            array,
+            db: ManuallyDrop::new(db),
+            sb,
+            locks: (0..CHUNK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            alloc: Mutex::new(alloc),
+            committer: Committer::default(),
+            chunks: AtomicU64::new(chunks),
+        })
+    }
+
+    /// The target id recorded at creation.
+    pub fn target(&self) -> TargetId {
+        self.sb.target
+    }
+
+    fn lock_of(&self, chunk: ChunkId) -> &RwLock<()> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        chunk.hash(&mut h);
+        &self.locks[(h.finish() % CHUNK_LOCK_STRIPES as u64) as usize]
+    }
+
+    fn load_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
+        match commit::get(&self.db, key(chunk))? {
+            None => Ok(None),
+            Some(bytes) => ChunkRecord::decode(&bytes)
+                .map(Some)
+                .map_err(|e| EngineError::MapCorrupt(format!("chunk {chunk}: {e}"))),
+        }
+    }
+
+    fn check_end(chunk: ChunkId, end_bytes: u64) -> Result<(), EngineError> {
+        if end_bytes > CHUNK_BYTES_MAX as u64 {
+            return Err(EngineError::TooBig { chunk, end_bytes, limit_bytes: CHUNK_BYTES_MAX });
+        }
+        Ok(())
+    }
+
+    /// Reads `blocks.len()` logical blocks starting at `first` into `out`, verifying each
+    /// mapped block's CRC; holes stay as they are in `out` (zeros).
+    fn read_blocks(
+        &self,
+        chunk: ChunkId,
+        rec: &ChunkRecord,
+        first: u32,
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let count = out.len() / BLOCK;
+        let mut i = 0usize;
+        while i < count {
+            let Some(Some(start)) = rec.blocks.get(first as usize + i).copied() else {
+                i += 1;
+                continue;
+            };
+            // Extend the run while the physical blocks stay contiguous.
+            let mut n = 1usize;
+            while i + n < count
+                && n * BLOCK < ARRAY_IO_BYTES_MAX
+                && matches!(rec.blocks.get(first as usize + i + n),
+                    Some(Some(b)) if b.physical == start.physical + n as u64)
+            {
+                n += 1;
+            }
+            let buf = &mut out[i * BLOCK..(i + n) * BLOCK];
+            self.array.read(start.physical * BLOCK as u64, buf)?;
+            for k in 0..n {
+                let logical = first + (i + k) as u32;
+                let Some(Some(b)) = rec.blocks.get(logical as usize).copied() else { continue };
+                let actual = crc32c::crc32c(&buf[k * BLOCK..(k + 1) * BLOCK]);
+                if actual != b.crc {
+                    tracing::error!(%chunk, block = logical, physical = b.physical, "checksum mismatch");
+                    return Err(EngineError::Corrupt {
+                        chunk,
+                        block: logical,
+                        physical: b.physical,
+                        expected: b.crc,
+                        actual,
+                    });
+                }
+            }
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at `offset`. Returns fewer at the chunk end, none for a missing
+    /// chunk; holes read as zeros. Every block is checked against its CRC32C first.
+    pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, EngineError> {
+        let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.load_record(chunk)? else { return Ok(Vec::new()) };
+        let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
+        if offset as u64 >= end {
+            return Ok(Vec::new());
+        }
+        let first = offset / BLOCK as u32;
+        let last = ((end - 1) / BLOCK as u64) as u32;
+        let mut buf = vec![0u8; (last - first + 1) as usize * BLOCK];
+        self.read_blocks(chunk, &rec, first, &mut buf)?;
+        let skip = (offset % BLOCK as u32) as usize;
+        buf.drain(..skip);
+        buf.truncate((end - offset as u64) as usize);
+        Ok(buf)
+    }
+
+    /// The chunk's length in bytes, None when it does not exist.
+    pub fn chunk_len(&self, chunk: ChunkId) -> Result<Option<u32>, EngineError> {
+        let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
+        Ok(self.load_record(chunk)?.map(|r| r.len_bytes))
+    }
+
+    /// The array byte offset of the block holding byte `offset` of the chunk, None for a hole
+    /// or a missing chunk. For diagnostics and tests (corrupting a block on purpose).
+    pub fn locate(&self, chunk: ChunkId, offset: u32) -> Result<Option<u64>, EngineError> {
+        let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.load_record(chunk)? else { return Ok(None) };
+        Ok(rec
+            .blocks
+            .get(offset as usize / BLOCK)
+            .copied()
+            .flatten()
+            .map(|b| b.physical * BLOCK as u64))
+    }
+
+    /// Writes `data` at `offset` (any alignment), creating or extending the chunk. With `crc`,
+    /// the payload's CRC32C must equal it or nothing is written.
+    pub fn write(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        data: &[u8],
+        crc: Option<u32>,
+    ) -> Result<WriteDone, EngineError> {
+        let end = offset as u64 + data.len() as u64;
+        Self::check_end(chunk, end)?;
+        if let Some(expected) = crc {
+            let actual = crc32c::crc32c(data);
+            if actual != expected {
+                return Err(EngineError::PayloadChecksum { expected, actual });
+            }
+        }
+        self.committer.check()?;
+        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let existing = self.load_record(chunk)?;
+        let existed = existing.is_some();
+        let rec = existing.unwrap_or_default();
+        if data.is_empty() {
+            return Ok(WriteDone { chunk_len: rec.len_bytes });
+        }
+        let first = offset / BLOCK as u32;
+        let last = ((end - 1) / BLOCK as u64) as u32;
+        let n = (last - first + 1) as usize;
+        let mut bytes = vec![0u8; n * BLOCK];
+        // Partial edge blocks keep their old bytes (read-modify-write into the new copy).
+        if !(offset as usize).is_multiple_of(BLOCK) {
+            self.read_blocks(chunk, &rec, first, &mut bytes[..BLOCK])?;
+        }
+        if !(end as usize).is_multiple_of(BLOCK)
+            && (last != first || (offset as usize).is_multiple_of(BLOCK))
+        {
+            self.read_blocks(chunk, &rec, last, &mut bytes[(n - 1) * BLOCK..])?;
+        }
+        let skip = offset as usize % BLOCK;
+        bytes[skip..skip + data.len()].copy_from_slice(data);
+        let new_len = rec.len_bytes.max(end as u32);
+        self.apply(
+            chunk,
+            rec,
+            existed,
+            vec![Segment { first_block: first, bytes }],
+            None,
+            new_len,
+        )?;
+        Ok(WriteDone { chunk_len: new_len })
+    }
+
+    /// Sets the chunk's length: shrinking frees the blocks past it (and zeroes the tail of a
+    /// partial last block), growing adds a hole. Creates the chunk when missing.
+    pub fn truncate(&self, chunk: ChunkId, len: u32) -> Result<(), EngineError> {
+        Self::check_end(chunk, len as u64)?;
+        self.committer.check()?;
+        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let existing = self.load_record(chunk)?;
+        let existed = existing.is_some();
+        let rec = existing.unwrap_or_default();
+        if existed && rec.len_bytes == len {
+            return Ok(());
+        }
+        let mut segments = Vec::new();
+        let tail = len as usize % BLOCK;
+        let block = len / BLOCK as u32;
+        if len < rec.len_bytes
+            && tail != 0
+            && matches!(rec.blocks.get(block as usize), Some(Some(_)))
+        {
+            let mut bytes = vec![0u8; BLOCK];
+            self.read_blocks(chunk, &rec, block, &mut bytes)?;
+            bytes[tail..].fill(0);
+            segments.push(Segment { first_block: block, bytes });
+        }
+        self.apply(chunk, rec, existed, segments, None, len)
+    }
+
+    /// Makes `[offset, offset+len)` read as zeros and frees the whole blocks in it. The chunk
+    /// length does not change; a missing chunk stays missing.
+    pub fn punch(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<(), EngineError> {
+        self.committer.check()?;
+        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.load_record(chunk)? else { return Ok(()) };
+        let start = offset as u64;
+        let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
+        if start >= end {
+            return Ok(());
+        }
+        let b = BLOCK as u64;
+        let len_bytes = rec.len_bytes as u64;
+        // A block is wholly punched when the range covers it up to the chunk end (bytes past
+        // the end of the last block are zero already); only the two edge blocks can be partial.
+        let whole = |blk: u64| start <= blk * b && end >= ((blk + 1) * b).min(len_bytes);
+        let (first, last) = (start / b, (end - 1) / b);
+        let mut partial = Vec::new();
+        let mut lo = first;
+        if !whole(first) {
+            partial.push(first);
+            lo = first + 1;
+        }
+        let mut hi = last + 1;
+        if last >= lo && !whole(last) {
+            partial.push(last);
+            hi = last;
+        }
+        let mut segments = Vec::new();
+        for blk in partial {
+            if !matches!(rec.blocks.get(blk as usize), Some(Some(_))) {
+                continue; // a hole already reads as zeros
+            }
+            let mut bytes = vec![0u8; BLOCK];
+            self.read_blocks(chunk, &rec, blk as u32, &mut bytes)?;
+            let from = start.max(blk * b) - blk * b;
+            let to = end.min((blk + 1) * b) - blk * b;
+            bytes[from as usize..to as usize].fill(0);
+            segments.push(Segment { first_block: blk as u32, bytes });
+        }
+        let unmap = (lo < hi).then_some((lo as u32, hi as u32));
+        let new_len = rec.len_bytes;
+        self.apply(chunk, rec, true, segments, unmap, new_len)
+    }
+
+    /// Removes the chunk and frees its blocks. Returns whether it existed.
+    pub fn remove(&self, chunk: ChunkId) -> Result<bool, EngineError> {
+        self.committer.check()?;
+        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.load_record(chunk)? else { return Ok(false) };
+        self.committer.commit(&self.db, MapOp::Delete(key(chunk)))?;
+        lock(&self.alloc).defer(&rec.physical_runs());
+        self.chunks.fetch_sub(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Removes every chunk of `object`; returns how many there were.
+    pub fn remove_object(&self, object: ObjectId) -> Result<u64, EngineError> {
+        let mut removed = 0;
+        for (index, _) in self.list_chunks(object)? {
+            if self.remove(ChunkId { object, index })? {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The chunks of `object` on this target: (chunk index, length in bytes), by index.
+    pub fn list_chunks(&self, object: ObjectId) -> Result<Vec<(u64, u32)>, EngineError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(CHUNKS)?;
+        let mut out = Vec::new();
+        for entry in table.range((object.0, 0)..=(object.0, u64::MAX))? {
+            let (k, v) = entry?;
+            let (_, index) = k.value();
+            let rec = ChunkRecord::decode(v.value()).map_err(|e| {
+                EngineError::MapCorrupt(format!("chunk {}: {e}", ChunkId { object, index }))
+            })?;
+            out.push((index, rec.len_bytes));
+        }
+        Ok(out)
+    }
+
+    /// Makes every change that returned before this call durable: the array is flushed, then
+    /// the chunk map commits durably, then the blocks those changes freed become reusable.
+    pub fn sync(&self) -> Result<(), EngineError> {
+        let mut pending = None;
+        let result = self.committer.durable(&self.db, || {
+            // Taken under the commit lock: every pending run belongs to a commit that the
+            // durable commit below covers.
+            pending = Some(lock(&self.alloc).take_pending());
+            self.array.flush()?;
+            Ok(())
+        });
+        let pending = pending.unwrap_or_default();
+        let mut alloc = lock(&self.alloc);
+        match result {
+            Ok(()) => {
+                alloc.release(&pending);
+                Ok(())
+            }
+            Err(e) => {
+                alloc.restore_pending(pending);
+                Err(e)
+            }
+        }
+    }
+
+    /// Space in the data area and the number of chunks.
+    pub fn space(&self) -> SpaceStats {
+        let alloc = lock(&self.alloc);
+        let total = (self.sb.block_count - self.sb.data_start_block) * BLOCK as u64;
+        let free = alloc.free_blocks() * BLOCK as u64;
+        let reclaimable = alloc.pending_blocks() * BLOCK as u64;
+        SpaceStats {
+            total_bytes: total,
+            used_bytes: total - free - reclaimable,
+            free_bytes: free,
+            reclaimable_bytes: reclaimable,
+            chunks: self.chunks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Allocates `n` blocks; when short, syncs once so blocks pending a durable commit free up.
+    fn allocate(&self, n: u64) -> Result<Vec<Run>, EngineError> {
+        let short = {
+            let mut alloc = lock(&self.alloc);
+            match alloc.allocate(n) {
+                Some(runs) => return Ok(runs),
+                None => alloc.pending_blocks() > 0,
+            }
+        };
+        if short {
+            self.sync()?;
+        }
+        let mut alloc = lock(&self.alloc);
+        alloc.allocate(n).ok_or(EngineError::NoSpace {
+            needed_bytes: n * BLOCK as u64,
+            free_bytes: alloc.free_blocks() * BLOCK as u64,
+        })
+    }
+
+    /// Writes `segments` to fresh blocks, unmaps `unmap` (a logical block range), sets the
+    /// length, commits the record, and parks every replaced block until the next durable
+    /// commit. Called with the chunk's lock held exclusively.
+    fn apply(
+        &self,
+        chunk: ChunkId,
+        mut rec: ChunkRecord,
+        existed: bool,
+        segments: Vec<Segment>,
+        unmap: Option<(u32, u32)>,
+        new_len: u32,
+    ) -> Result<(), EngineError> {
+        // Where each segment goes: (first logical block, block count).
+        let places: Vec<(u32, usize)> =
+            segments.iter().map(|s| (s.first_block, s.bytes.len() / BLOCK)).collect();
+        let data: Vec<u8> = if segments.len() == 1 {
+            segments.into_iter().map(|s| s.bytes).next().unwrap_or_default()
+        } else {
+            segments.into_iter().flat_map(|s| s.bytes).collect()
+        };
+        // The checksums are of exactly the bytes handed to the array.
+        let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
+        let runs = self.allocate(crcs.len() as u64)?;
+        // Block j of the concatenated segments goes to the j-th allocated block.
+        let physical: Vec<u64> = runs.iter().flat_map(|&(s, n)| s..s + n).collect();
+        if let Err(e) = self.write_runs(&runs, &data) {
+            lock(&self.alloc).release(&runs);
+            return Err(e);
+        }
+        drop(data);
+        let slots = places
+            .iter()
+            .map(|&(first, count)| first as usize + count)
+            .max()
+            .unwrap_or(0)
+            .max(blocks_for(new_len as u64) as usize);
+        if rec.blocks.len() < slots {
+            rec.blocks.resize(slots, None);
+        }
+        let mut replaced = Vec::new();
+        if let Some((lo, hi)) = unmap {
+            for slot in rec.blocks.iter_mut().take(hi as usize).skip(lo as usize) {
+                replaced.extend(slot.take().map(|b| b.physical));
+            }
+        }
+        let mut j = 0usize;
+        for &(first, count) in &places {
+            for slot in &mut rec.blocks[first as usize..first as usize + count] {
+                let new = BlockRef { physical: physical[j], crc: crcs[j] };
+                replaced.extend(slot.replace(new).map(|b| b.physical));
+                j += 1;
+            }
+        }
+        let keep = blocks_for(new_len as u64) as usize;
+        for slot in rec.blocks.drain(keep.min(rec.blocks.len())..) {
+            replaced.extend(slot.map(|b| b.physical));
+        }
+        rec.len_bytes = new_len;
+        // On failure the commit may or may not have reached redb; the new blocks stay allocated
+        // (the target is poisoned, and a reopen rebuilds the free map from the map itself).
+        self.committer.commit(&self.db, MapOp::Put(key(chunk), rec.encode()))?;
+        if !existed {
+            self.chunks.fetch_add(1, Ordering::Relaxed);
+        }
+        replaced.sort_unstable();
+        lock(&self.alloc).defer(&runs_of(&replaced));
+        Ok(())
+    }
+
+    fn write_runs(&self, runs: &[Run], data: &[u8]) -> Result<(), EngineError> {
+        let mut at = 0usize;
+        for &(start, n) in runs {
+            let len = n as usize * BLOCK;
+            let mut done = 0usize;
+            while done < len {
+                let step = (len - done).min(ARRAY_IO_BYTES_MAX);
+                self.array.write(
+                    start * BLOCK as u64 + done as u64,
+                    &data[at + done..at + done + step],
+                )?;
+                done += step;
+            }
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // redb makes pending non-durable commits durable when it closes; that is only safe once
+        // the array data they point at is flushed, which sync does first. If sync fails the
+        // database is leaked instead: the next open recovers the last durable map.
+        match self.sync() {
+            Ok(()) => {
+                // SAFETY: `db` is not used after this point; Drop runs once.
+                unsafe { ManuallyDrop::drop(&mut self.db) }
+            }
+            Err(e) => {
+                tracing::error!(target = %self.sb.target, "closing without a final sync: {e}");
+            }
+        }
+    }
+}
+
+fn read_identity(db: &Database) -> Result<Option<Identity>, EngineError> {
+    let tx = db.begin_read()?;
+    let meta = match tx.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(bytes) = meta.get("identity")? else { return Ok(None) };
+    postcard::from_bytes(bytes.value())
+        .map(Some)
+        .map_err(|e| EngineError::MapCorrupt(format!("identity record: {e}")))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,161 @@
+//! The chunk record: what the chunk map stores for one chunk.
+//!
+//! In memory a record is a vector with one slot per 4 KiB logical block (a hole or a physical
+//! block and its CRC32C), which keeps every operation a simple slot edit. On disk it is
+//! compacted to extents (logical block, physical block, run length) plus one CRC per mapped
+//! block, encoded with postcard:
+//!
+//! ```text
+//! RecordDisk { version: u8 = 1, len_bytes: u32, extents: [Extent], crcs: bytes }
+//! Extent     { logical: u32, physical: u64, blocks: u32 }   (logical order, no overlap)
+//! crcs       = 4 bytes LE per mapped block, in extent order
+//! ```
+
+use serde::{Deserialize, Serialize};
+use stria_proto::fs::CHUNK_BYTES_MAX;
+
+use crate::BLOCK;
+
+const RECORD_VERSION: u8 = 1;
+const _: () = assert!(CHUNK_BYTES_MAX.is_multiple_of(BLOCK as u32));
+
+/// One mapped logical block: where its bytes live and their checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockRef {
+    pub physical: u64,
+    pub crc: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ChunkRecord {
+    pub len_bytes: u32,
+    /// Slot `i` describes logical block `i`; the vector never extends past the chunk length.
+    pub blocks: Vec<Option<BlockRef>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Extent {
+    logical: u32,
+    physical: u64,
+    blocks: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RecordDisk {
+    version: u8,
+    len_bytes: u32,
+    extents: Vec<Extent>,
+    crcs: Vec<u8>,
+}
+
+/// Number of 4 KiB blocks that cover `len_bytes`.
+pub(crate) fn blocks_for(len_bytes: u64) -> u32 {
+    len_bytes.div_ceil(BLOCK as u64) as u32
+}
+
+impl ChunkRecord {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut extents: Vec<Extent> = Vec::new();
+        let mut crcs = Vec::new();
+        for (i, slot) in self.blocks.iter().enumerate() {
+            let Some(b) = slot else { continue };
+            crcs.extend_from_slice(&b.crc.to_le_bytes());
+            if let Some(last) = extents.last_mut()
+                && last.logical + last.blocks == i as u32
+                && last.physical + last.blocks as u64 == b.physical
+            {
+                last.blocks += 1;
+                continue;
+            }
+            extents.push(Extent { logical: i as u32, physical: b.physical, blocks: 1 });
+        }
+        let disk = RecordDisk { version: RECORD_VERSION, len_bytes: self.len_bytes, extents, crcs };
+        // Serialising plain integers and vectors into a Vec cannot fail.
+        postcard::to_allocvec(&disk).unwrap_or_default()
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
+        let disk: RecordDisk = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
+        if disk.version != RECORD_VERSION {
+            return Err(format!("record version {}, expected {RECORD_VERSION}", disk.version));
+        }
+        if disk.len_bytes > CHUNK_BYTES_MAX {
+            return Err(format!("length {} past the chunk limit", disk.len_bytes));
+        }
+        let slots = blocks_for(disk.len_bytes as u64) as usize;
+        let mapped: u64 = disk.extents.iter().map(|e| e.blocks as u64).sum();
+        if disk.crcs.len() as u64 != mapped * 4 {
+            return Err(format!("{} checksum bytes for {mapped} blocks", disk.crcs.len()));
+        }
+        let mut blocks = vec![None; slots];
+        let mut crcs = disk.crcs.chunks_exact(4);
+        for e in &disk.extents {
+            let end = e.logical as u64 + e.blocks as u64;
+            if e.blocks == 0 || end > slots as u64 {
+                return Err(format!("extent at block {} runs past the chunk end", e.logical));
+            }
+            for k in 0..e.blocks {
+                let slot = &mut blocks[(e.logical + k) as usize];
+                if slot.is_some() {
+                    return Err(format!("block {} mapped twice", e.logical + k));
+                }
+                let mut crc = [0u8; 4];
+                crc.copy_from_slice(crcs.next().unwrap_or(&[0; 4]));
+                *slot = Some(BlockRef {
+                    physical: e.physical + k as u64,
+                    crc: u32::from_le_bytes(crc),
+                });
+            }
+        }
+        Ok(ChunkRecord { len_bytes: disk.len_bytes, blocks })
+    }
+
+    /// The physical blocks this record holds, as sorted runs `(start, blocks)`.
+    pub(crate) fn physical_runs(&self) -> Vec<(u64, u64)> {
+        let mut physical: Vec<u64> = self.blocks.iter().flatten().map(|b| b.physical).collect();
+        physical.sort_unstable();
+        runs_of(&physical)
+    }
+}
+
+/// Coalesces sorted block numbers into runs `(start, blocks)`.
+pub(crate) fn runs_of(sorted: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &p in sorted {
+        match runs.last_mut() {
+            Some((start, n)) if *start + *n == p => *n += 1,
+            _ => runs.push((p, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_runs_compactly_and_round_trips() {
+        let mut rec = ChunkRecord { len_bytes: 10 * BLOCK as u32 - 5, blocks: vec![None; 10] };
+        for i in 2..8 {
+            rec.blocks[i] = Some(BlockRef { physical: 100 + i as u64, crc: i as u32 * 7 });
+        }
+        rec.blocks[9] = Some(BlockRef { physical: 5, crc: 1 });
+        let bytes = rec.encode();
+        assert!(bytes.len() < 60, "record is {} bytes", bytes.len());
+        assert_eq!(ChunkRecord::decode(&bytes), Ok(rec.clone()));
+        assert_eq!(rec.physical_runs(), vec![(5, 1), (102, 6)]);
+    }
+
+    #[test]
+    fn rejects_damaged_records() {
+        let rec = ChunkRecord {
+            len_bytes: BLOCK as u32,
+            blocks: vec![Some(BlockRef { physical: 1, crc: 2 })],
+        };
+        let mut bytes = rec.encode();
+        bytes[1] = 0; // length 0: the extent now runs past the end
+        assert!(ChunkRecord::decode(&bytes).is_err());
+        assert!(ChunkRecord::decode(&[9, 9, 9]).is_err());
+    }
+}

@@ -1,0 +1,612 @@
+//! The FUSE mount: translates kernel requests into client-library calls.
+//!
+//! Permission checks: the mount uses the kernel's `default_permissions` (the kernel checks
+//! mode bits with the caller's full group list before it asks us), and the metadata service
+//! checks again with the same identity, so the native API and the mount agree.
+//!
+//! Caching: attributes and entries are cached by the kernel for [`MountOptions::attr_ttl`];
+//! the page cache is kept across opens (close-to-open: `open` revalidates attributes), and the
+//! kernel's writeback cache gathers small writes into large ones.
+
+mod caller;
+mod convert;
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use stria_client::Client;
+use stria_proto::fs::FsStatus;
+use stria_proto::wire::{FileKind, SetAttr, TimeSet, XattrSetMode};
+
+use caller::Callers;
+use convert::{errno, file_attr, file_type, timestamp};
+
+/// How the file system is mounted.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Kernel worker threads reading `/dev/fuse`.
+    pub threads: usize,
+    /// How long the kernel may trust attributes and names without asking.
+    pub attr_ttl: Duration,
+    /// Let users other than the mounting one use the mount (needs root or `user_allow_other`).
+    pub allow_other: bool,
+    /// Largest read and write request, at most 1 MiB on Linux.
+    pub max_io_bytes: u32,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            threads: 4,
+            attr_ttl: Duration::from_secs(1),
+            allow_other: true,
+            max_io_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A mounted Stria file system; dropping it unmounts.
+#[derive(Debug)]
+pub struct Mount {
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Mount {
+    /// Unmounts and waits for the worker threads to finish.
+    pub fn unmount(mut self) -> io::Result<()> {
+        if let Some(session) = self.session.take() {
+            session.umount_and_join()?;
+        }
+        Ok(())
+    }
+}
+
+/// Mounts `client`'s file system at `mountpoint`, served by background threads.
+pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::Result<Mount> {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("stria".into()),
+        MountOption::Subtype("stria".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+        MountOption::Suid,
+        MountOption::Dev,
+    ];
+    if options.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = true;
+    let fs = StriaFs {
+        client,
+        ttl: options.attr_ttl,
+        max_io_bytes: options.max_io_bytes,
+        callers: Callers::default(),
+    };
+    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    Ok(Mount { session: Some(session) })
+}
+
+struct StriaFs {
+    client: Client,
+    ttl: Duration,
+    max_io_bytes: u32,
+    callers: Callers,
+}
+
+const GENERATION: Generation = Generation(0);
+
+/// `readdir` offsets: 0 starts, 1 follows `.`, 2 follows `..`; larger offsets are the
+/// metadata service's own cookies, whose real entries start above 2.
+const DIR_OFFSET_DOTDOT: u64 = 2;
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+fn time_set(time: TimeOrNow) -> TimeSet {
+    match time {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(at) => TimeSet::At(timestamp(at)),
+    }
+}
+
+impl StriaFs {
+    fn kind_of_mode(mode: u32) -> Result<FileKind, FsStatus> {
+        Ok(match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => FileKind::File,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            libc::S_IFDIR => FileKind::Dir,
+            _ => return Err(FsStatus::Invalid),
+        })
+    }
+
+    fn open_mask(flags: i32) -> u32 {
+        let mut mask = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => libc::W_OK,
+            libc::O_RDWR => libc::R_OK | libc::W_OK,
+            _ => libc::R_OK,
+        } as u32;
+        if flags & libc::O_TRUNC != 0 {
+            mask |= libc::W_OK as u32;
+        }
+        mask
+    }
+}
+
+impl Filesystem for StriaFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Best effort: the kernel keeps its own lower limits when ours are refused.
+        let _ = config.set_max_write(self.max_io_bytes);
+        let _ = config.set_max_readahead(self.max_io_bytes);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let wanted = InitFlags::FUSE_WRITEBACK_CACHE
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_READ;
+        if let Err(refused) = config.add_capabilities(wanted) {
+            tracing::info!(?refused, "the kernel does not offer every FUSE capability we use");
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let caller = self.callers.of(req);
+        match self.client.lookup(&caller, parent.0, name_bytes(name)) {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.client.getattr(ino.0) {
+            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let caller = self.callers.of(req);
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        match self.client.setattr(&caller, ino.0, set) {
+            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.client.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let caller = self.callers.of(req);
+        let result = Self::kind_of_mode(mode).and_then(|kind| {
+            self.client.create(&caller, parent.0, name_bytes(name), kind, mode & !umask, rdev, true)
+        });
+        match result {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let caller = self.callers.of(req);
+        match self.client.mkdir(&caller, parent.0, name_bytes(name), mode & !umask) {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let caller = self.callers.of(req);
+        match self.client.unlink(&caller, parent.0, name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let caller = self.callers.of(req);
+        match self.client.rmdir(&caller, parent.0, name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let caller = self.callers.of(req);
+        let target = target.as_os_str().as_bytes();
+        match self.client.symlink(&caller, parent.0, name_bytes(link_name), target) {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let caller = self.callers.of(req);
+        let flags = stria_proto::wire::RenameFlags {
+            no_replace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        let result = self.client.rename(
+            &caller,
+            parent.0,
+            name_bytes(name),
+            newparent.0,
+            name_bytes(newname),
+            flags,
+        );
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let caller = self.callers.of(req);
+        match self.client.link(&caller, ino.0, newparent.0, name_bytes(newname)) {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let caller = self.callers.of(req);
+        match self.client.open(&caller, ino.0, Self::open_mask(flags.0)) {
+            // Keep the page cache: `open` revalidated the attributes, and the kernel drops
+            // cached pages itself when it sees the mtime or size change.
+            Ok((fh, _attr)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.client.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.client.write(fh.0, offset, data) {
+            Ok(written) => reply.written(written),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        match self.client.flush(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.client.release(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.client.fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let caller = self.callers.of(req);
+        match self.client.access(&caller, ino.0, libc::R_OK as u32) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if offset == 0 && reply.add(ino, 1, fuser::FileType::Directory, ".") {
+            return reply.ok();
+        }
+        // The kernel answers `..` lookups itself; the entry only needs a non-zero inode number
+        // (readdir callers skip entries numbered 0).
+        let parent = INodeNo(stria_proto::fs::ROOT_INO);
+        if offset <= 1 && reply.add(parent, DIR_OFFSET_DOTDOT, fuser::FileType::Directory, "..") {
+            return reply.ok();
+        }
+        let caller = self.callers.of(req);
+        let mut cookie = if offset <= DIR_OFFSET_DOTDOT { 0 } else { offset };
+        loop {
+            let entries = match self.client.readdir(&caller, ino.0, cookie, 512) {
+                Ok(entries) => entries,
+                Err(error) => return reply.error(errno(error)),
+            };
+            if entries.is_empty() {
+                return reply.ok();
+            }
+            for entry in entries {
+                let next = entry.next_cookie;
+                let name = OsStr::from_bytes(&entry.name);
+                if reply.add(INodeNo(entry.ino), next, file_type(entry.kind), name) {
+                    return reply.ok();
+                }
+                cookie = entry.next_cookie;
+            }
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.client.sync_meta() {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        const BLOCK: u64 = 4096;
+        match self.client.statfs() {
+            Ok(s) => reply.statfs(
+                s.bytes_total / BLOCK,
+                s.bytes_free / BLOCK,
+                s.bytes_free / BLOCK,
+                s.files_total,
+                s.files_total.saturating_sub(s.files_used),
+                BLOCK as u32,
+                stria_proto::fs::NAME_BYTES_MAX as u32,
+                BLOCK as u32,
+            ),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags & libc::XATTR_CREATE != 0 {
+            XattrSetMode::Create
+        } else if flags & libc::XATTR_REPLACE != 0 {
+            XattrSetMode::Replace
+        } else {
+            XattrSetMode::Any
+        };
+        let caller = self.callers.of(req);
+        match self.client.setxattr(&caller, ino.0, name_bytes(name), value, mode) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let caller = self.callers.of(req);
+        match self.client.getxattr(&caller, ino.0, name_bytes(name)) {
+            Ok(value) if size == 0 => reply.size(value.len() as u32),
+            Ok(value) if value.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(value) => reply.data(&value),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let caller = self.callers.of(req);
+        match self.client.listxattr(&caller, ino.0) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for name in names {
+                    list.extend_from_slice(&name);
+                    list.push(0);
+                }
+                if size == 0 {
+                    reply.size(list.len() as u32)
+                } else if list.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&list)
+                }
+            }
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let caller = self.callers.of(req);
+        match self.client.removexattr(&caller, ino.0, name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let caller = self.callers.of(req);
+        match self.client.access(&caller, ino.0, mask.bits() as u32) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let caller = self.callers.of(req);
+        let exclusive = flags & libc::O_EXCL != 0;
+        let created = Self::kind_of_mode(mode).and_then(|kind| {
+            self.client.create(
+                &caller,
+                parent.0,
+                name_bytes(name),
+                kind,
+                mode & !umask,
+                0,
+                exclusive,
+            )
+        });
+        let attr = match created {
+            Ok(attr) => attr,
+            Err(error) => return reply.error(errno(error)),
+        };
+        // The creator may open what it just created whatever the mode says (open(2) rules).
+        match self.client.open(&stria_proto::wire::Caller::root(), attr.ino, 0) {
+            Ok((fh, attr)) => reply.created(
+                &self.ttl,
+                &file_attr(&attr),
+                GENERATION,
+                FileHandle(fh),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! Attributes and data: setattr (chmod, chown, truncate, utimes), inline small-file data,
+//! size growth from chunk writes, the inline-to-chunks spill, and layouts.
+
+use stria_proto::fs::{
+    CHUNK_BYTES_MAX, CHUNK_BYTES_MIN, FileLayout, FsStatus, INLINE_DATA_MAX, Ino, LayoutPolicy,
+    ROOT_INO, STRIPE_COUNT_MAX,
+};
+
+use crate::Meta;
+use crate::error::{MetaError, Result, fs};
+use crate::perm;
+use crate::record::{Body, FileData, Inode};
+use crate::types::*;
+
+/// Clears set-user-id, and set-group-id when group execute is set (as Linux does when a
+/// file is chowned or written by a non-root user; without group execute setgid means
+/// mandatory locking and stays).
+fn kill_suid(rec: &mut Inode) {
+    if rec.is_dir() {
+        return;
+    }
+    rec.mode &= !S_ISUID;
+    if rec.mode & 0o010 != 0 {
+        rec.mode &= !S_ISGID;
+    }
+}
+
+fn regular(rec: &Inode) -> Result<()> {
+    match rec.kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(fs(FsStatus::IsDir, "not a regular file")),
+        _ => Err(fs(FsStatus::Invalid, "not a regular file")),
+    }
+}
+
+impl Meta {
+    /// chmod, chown, truncate and utimes in one transaction. A size change on an inline file
+    /// beyond `INLINE_DATA_MAX` fails with [`MetaError::MustSpill`] and changes nothing.
+    pub fn setattr(&self, ino: Ino, caller: &Caller, set: &SetAttr) -> Result<SetAttrOutcome> {
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            let before = rec.clone();
+            let now = self.now();
+            let old_size = rec.size;
+            if let Some(uid) = set.uid
+                && !caller.is_root()
+                && !(caller.uid == rec.uid && uid == rec.uid)
+            {
+                return Err(fs(FsStatus::Perm, "chown needs root"));
+            }
+            if let Some(gid) = set.gid
+                && !caller.is_root()
+                && !(caller.uid == rec.uid && (gid == rec.gid || caller.in_group(gid)))
+            {
+                return Err(fs(FsStatus::Perm, "chgrp to a group the caller is not in"));
+            }
+            if let Some(mode) = set.mode {
+                perm::check_owner(&rec, caller)?;
+                let mut mode = mode & MODE_BITS;
+                let gid = set.gid.unwrap_or(rec.gid);
+                if !caller.is_root() && !caller.in_group(gid) {
+                    mode &= !S_ISGID;
+                }
+                rec.mode = mode;
+            }
+            if set.uid.is_some() || set.gid.is_some() {
+                rec.uid = set.uid.unwrap_or(rec.uid);
+                rec.gid = set.gid.unwrap_or(rec.gid);
+                kill_suid(&mut rec);
+            }
+            if let Some(size) = set.size {
+                regular(&rec)?;
+                perm::check(&rec, caller, W_OK)?;
+                if let Body::File(FileData::Inline(bytes)) = &mut rec.body {
+                    if size > INLINE_DATA_MAX as u64 {
+                        return Err(MetaError::MustSpill);
+                    }
+                    bytes.resize(size as usize, 0);
+                }
+                if size != rec.size {
+                    rec.size = size;
+                    rec.version += 1;
+                    rec.mtime = now;
+                    if !caller.is_root() {
+                        kill_suid(&mut rec);
+                    }
+                }
+            }
+            for (which, slot) in [(set.atime, &mut rec.atime), (set.mtime, &mut rec.mtime)] {
+                match which {
+                    None => {}
+                    Some(SetTime::At(t)) => {
+                        perm::check_owner(&before, caller)?;
+                        *slot = t;
+                    }
+                    Some(SetTime::Now) => {
+                        if !(caller.is_root() || caller.uid == before.uid) {
+                            perm::check(&before, caller, W_OK)?;
+                        }
+                        *slot = now;
+                    }
+                }
+            }
+            rec.ctime = now;
+            tx.account(Some(&before), Some(&rec));
+            tx.put_inode(ino, &rec)?;
+            Ok(SetAttrOutcome { attr: rec.attr(ino), old_size })
+        })
+    }
+
+    /// Writes `data` at `offset` into an inline file (holes read as zeros). Permission is
+    /// the caller's business (checked at open).
+    pub fn write_inline(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<InlineWrite> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| fs(FsStatus::TooBig, "offset overflow"))?;
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            regular(&rec)?;
+            let before = rec.clone();
+            let Body::File(FileData::Inline(bytes)) = &mut rec.body else {
+                return Ok(InlineWrite::Chunked);
+            };
+            if end > INLINE_DATA_MAX as u64 {
+                return Ok(InlineWrite::MustSpill);
+            }
+            let (offset, end) = (offset as usize, end as usize);
+            if bytes.len() < end {
+                bytes.resize(end, 0);
+            }
+            bytes[offset..end].copy_from_slice(data);
+            rec.size = bytes.len() as u64;
+            let now = self.now();
+            rec.mtime = now;
+            rec.ctime = now;
+            rec.version += 1;
+            tx.account(Some(&before), Some(&rec));
+            tx.put_inode(ino, &rec)?;
+            Ok(InlineWrite::Written { size: rec.size })
+        })
+    }
+
+    /// Up to `len` bytes at `offset` of an inline file; `None` when the file is chunked.
+    pub fn read_inline(&self, ino: Ino, offset: u64, len: usize) -> Result<Option<Vec<u8>>> {
+        self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            regular(&rec)?;
+            match &rec.body {
+                Body::File(FileData::Inline(bytes)) => {
+                    let start = (offset.min(bytes.len() as u64)) as usize;
+                    let end = start.saturating_add(len).min(bytes.len());
+                    Ok(Some(bytes[start..end].to_vec()))
+                }
+                _ => Ok(None),
+            }
+        })
+    }
+
+    /// After a chunk write that ended at `new_size`: grows the size (never shrinks it) and
+    /// sets mtime. Returns the size now.
+    pub fn extend_size(&self, ino: Ino, new_size: u64, mtime: Timestamp) -> Result<u64> {
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            regular(&rec)?;
+            if rec.layout().is_none() {
+                return Err(fs(FsStatus::Invalid, "extend_size on an inline file"));
+            }
+            let before = rec.clone();
+            rec.size = rec.size.max(new_size);
+            rec.mtime = mtime;
+            rec.ctime = self.now();
+            rec.version += 1;
+            tx.account(Some(&before), Some(&rec));
+            tx.put_inode(ino, &rec)?;
+            Ok(rec.size)
+        })
+    }
+
+    /// Step 1 of moving an inline file to chunks: the bytes and a layout (from the policy of
+    /// the file's directory). Changes nothing. The caller then writes `bytes` at offset 0 of
+    /// `layout` and calls [`Meta::spill_commit`]; until the commit the inode stays inline and
+    /// readers see the inline bytes, so a crash in between loses nothing (the chunks written
+    /// are garbage for the chunk scrubber). Writers of one file must be serialized by the
+    /// caller across the two steps.
+    pub fn spill_begin(&self, ino: Ino) -> Result<SpillPlan> {
+        let (bytes, version, policy) = self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            regular(&rec)?;
+            let Body::File(FileData::Inline(bytes)) = &rec.body else {
+                return Err(fs(FsStatus::Invalid, "file is already chunked"));
+            };
+            let policy = match rx.inode(rec.parent).map(|p| p.body) {
+                Ok(Body::Dir(d)) => d.policy,
+                _ => match rx.inode(ROOT_INO)?.body {
+                    Body::Dir(d) => d.policy,
+                    _ => return Err(MetaError::Corrupt("root is not a directory".into())),
+                },
+            };
+            Ok((bytes.clone(), rec.version, policy))
+        })?;
+        let layout = self.choose_layout(&policy)?;
+        Ok(SpillPlan { ino, bytes, layout, version })
+    }
+
+    /// Step 2: the chunks hold the plan's bytes; the inode becomes chunked with the plan's
+    /// layout. Fails with EAGAIN (and changes nothing) if the inline data changed since the
+    /// plan was made.
+    pub fn spill_commit(&self, plan: &SpillPlan) -> Result<()> {
+        plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
+        self.write(|tx| {
+            let mut rec = tx.inode(plan.ino)?;
+            regular(&rec)?;
+            if !matches!(rec.body, Body::File(FileData::Inline(_))) || rec.version != plan.version {
+                return Err(fs(FsStatus::Unavailable, "file changed since the spill plan"));
+            }
+            rec.body = Body::File(FileData::Chunked(plan.layout.clone()));
+            rec.version += 1;
+            tx.put_inode(plan.ino, &rec)
+        })
+    }
+
+    /// The layout of a chunked file; `None` while the file is inline.
+    pub fn file_layout(&self, ino: Ino) -> Result<Option<FileLayout>> {
+        self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            regular(&rec)?;
+            Ok(rec.layout().cloned())
+        })
+    }
+
+    /// Gives an empty regular file an explicit layout (`setstripe`); the file becomes chunked.
+    /// A file that holds data keeps its layout: EBUSY.
+    pub fn set_file_layout(&self, ino: Ino, layout: &FileLayout, caller: &Caller) -> Result<()> {
+        layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            regular(&rec)?;
+            perm::check_owner(&rec, caller)?;
+            if rec.size > 0 {
+                return Err(fs(FsStatus::Busy, "file has data; its layout is fixed"));
+            }
+            rec.body = Body::File(FileData::Chunked(layout.clone()));
+            rec.version += 1;
+            rec.ctime = self.now();
+            tx.put_inode(ino, &rec)
+        })
+    }
+
+    /// A directory's default layout policy.
+    pub fn layout_policy(&self, dir: Ino) -> Result<LayoutPolicy> {
+        self.read(|rx| match rx.inode(dir)?.body {
+            Body::Dir(d) => Ok(d.policy),
+            _ => Err(fs(FsStatus::NotDir, "not a directory")),
+        })
+    }
+
+    /// Sets the policy new files and subdirectories of `dir` inherit (existing ones keep
+    /// theirs). Owner or root.
+    pub fn set_layout_policy(
+        &self,
+        dir: Ino,
+        policy: &LayoutPolicy,
+        caller: &Caller,
+    ) -> Result<()> {
+        if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&policy.chunk_bytes)
+            || !policy.chunk_bytes.is_power_of_two()
+            || policy.stripe_count > STRIPE_COUNT_MAX
+            || policy.pool.is_empty()
+        {
+            return Err(fs(FsStatus::Invalid, "invalid layout policy"));
+        }
+        self.write(|tx| {
+            let mut rec = tx.inode(dir)?;
+            perm::check_owner(&rec, caller)?;
+            let now = self.now();
+            let Some(body) = rec.dir_body() else {
+                return Err(fs(FsStatus::NotDir, "not a directory"));
+            };
+            body.policy = policy.clone();
+            rec.ctime = now;
+            tx.put_inode(dir, &rec)
+        })
+    }
+
+    /// `stripe_count` targets of the policy's pool (all of them for 0), starting at a
+    /// rotating offset so that consecutive files start on different targets.
+    pub fn choose_layout(&self, policy: &LayoutPolicy) -> Result<FileLayout> {
+        let pool = (self.options.resolver)(&policy.pool);
+        if pool.is_empty() {
+            return Err(fs(FsStatus::NoSpace, "pool has no targets"));
+        }
+        let n = pool.len();
+        let count = match policy.stripe_count as usize {
+            0 => n,
+            c => c.min(n),
+        }
+        .min(STRIPE_COUNT_MAX as usize);
+        let start = (self.next_rotor() % n as u64) as usize;
+        let targets = (0..count).map(|i| pool[(start + i) % n]).collect();
+        let layout =
+            FileLayout { pool: policy.pool.clone(), chunk_bytes: policy.chunk_bytes, targets };
+        layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout policy"))?;
+        Ok(layout)
+    }
+}

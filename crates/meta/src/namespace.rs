@@ -1,0 +1,406 @@
+//! Names: lookup, create, mkdir, mknod, symlink, link, unlink, rmdir, readdir, and the
+//! open-handle counting that keeps unlinked files alive until their last close.
+
+use std::collections::HashMap;
+
+use stria_proto::fs::{FsStatus, Ino, ROOT_INO, SYMLINK_BYTES_MAX};
+
+use crate::error::{Result, fs};
+use crate::perm;
+use crate::record::{Body, DirBody, FIRST_SEQ, FileData, Inode, extension_of};
+use crate::store::Tx;
+use crate::types::*;
+use crate::{Meta, names};
+
+/// The fileset a new child `ino` of `parent` counts against.
+pub(crate) fn child_fileset(parent: Ino, parent_rec: &Inode, ino: Ino, kind: FileKind) -> Ino {
+    if parent == ROOT_INO {
+        if kind == FileKind::Dir { ino } else { ROOT_INO }
+    } else {
+        parent_rec.fileset
+    }
+}
+
+impl Meta {
+    /// Finds `name` in `parent`; needs search (x) permission on `parent`. `.` and `..` are
+    /// answered too (root's `..` is root).
+    pub fn lookup(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<Attr> {
+        self.read(|rx| {
+            let dir = rx.inode(parent)?;
+            if !dir.is_dir() {
+                return Err(fs(FsStatus::NotDir, "lookup in a non-directory"));
+            }
+            perm::check(&dir, caller, X_OK)?;
+            let ino = match name {
+                b"." => parent,
+                b".." => dir.parent,
+                _ => {
+                    names::check(name, FsStatus::Invalid)?;
+                    rx.dentry(parent, name)?
+                        .ok_or_else(|| fs(FsStatus::NotFound, "no such entry"))?
+                        .ino
+                }
+            };
+            Ok(rx.inode(ino)?.attr(ino))
+        })
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.read(|rx| Ok(rx.inode(ino)?.attr(ino)))
+    }
+
+    /// `access(2)`: `mask` is 0 (exists) or R_OK|W_OK|X_OK.
+    pub fn access(&self, ino: Ino, caller: &Caller, mask: u32) -> Result<()> {
+        self.read(|rx| perm::check(&rx.inode(ino)?, caller, mask & 7))
+    }
+
+    /// Creates a regular file. `mode` is the permission bits after the caller's umask.
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: &Caller) -> Result<Attr> {
+        self.mknod(parent, name, NodeKind::File, mode, caller)
+    }
+
+    /// Creates a regular file, fifo, socket or device node.
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: NodeKind,
+        mode: u32,
+        caller: &Caller,
+    ) -> Result<Attr> {
+        let (kind, rdev, body) = match kind {
+            NodeKind::File => (FileKind::File, 0, Body::File(FileData::Inline(Vec::new()))),
+            NodeKind::Fifo => (FileKind::Fifo, 0, Body::Special),
+            NodeKind::Socket => (FileKind::Socket, 0, Body::Special),
+            NodeKind::CharDevice { rdev } | NodeKind::BlockDevice { rdev } if !caller.is_root() => {
+                let _ = rdev;
+                return Err(fs(FsStatus::Perm, "device nodes need root"));
+            }
+            NodeKind::CharDevice { rdev } => (FileKind::CharDevice, rdev, Body::Special),
+            NodeKind::BlockDevice { rdev } => (FileKind::BlockDevice, rdev, Body::Special),
+        };
+        self.make_node(parent, name, kind, mode, rdev, caller, |_| body)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: &Caller) -> Result<Attr> {
+        self.make_node(parent, name, FileKind::Dir, mode, 0, caller, |dir| {
+            let policy = match &dir.body {
+                Body::Dir(d) => d.policy.clone(),
+                _ => Default::default(),
+            };
+            Body::Dir(DirBody { next_seq: FIRST_SEQ, policy })
+        })
+    }
+
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        caller: &Caller,
+    ) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(fs(FsStatus::NotFound, "empty symlink target"));
+        }
+        if target.len() > SYMLINK_BYTES_MAX || target.contains(&0) {
+            return Err(fs(FsStatus::NameTooLong, "symlink target too long"));
+        }
+        let target = target.to_vec();
+        self.make_node(parent, name, FileKind::Symlink, 0o777, 0, caller, |_| Body::Symlink(target))
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.read(|rx| match rx.inode(ino)?.body {
+            Body::Symlink(target) => Ok(target),
+            _ => Err(fs(FsStatus::Invalid, "not a symlink")),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make_node(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        caller: &Caller,
+        body: impl FnOnce(&Inode) -> Body,
+    ) -> Result<Attr> {
+        names::check(name, FsStatus::Exists)?;
+        self.write(|tx| {
+            let mut dir = tx.dir(parent)?;
+            perm::check(&dir, caller, W_OK | X_OK)?;
+            if tx.dentry(parent, name)?.is_some() {
+                return Err(fs(FsStatus::Exists, "name exists"));
+            }
+            if kind == FileKind::Dir && dir.nlink >= LINK_COUNT_MAX {
+                return Err(fs(FsStatus::TooManyLinks, "too many subdirectories"));
+            }
+            let ino = tx.alloc_ino(self.options.inodes_max)?;
+            let now = self.now();
+            let mut mode = mode & MODE_BITS;
+            let mut gid = caller.gid;
+            if dir.mode & S_ISGID != 0 {
+                gid = dir.gid;
+                if kind == FileKind::Dir {
+                    mode |= S_ISGID;
+                }
+            }
+            if kind != FileKind::Dir
+                && mode & S_ISGID != 0
+                && !caller.is_root()
+                && !caller.in_group(gid)
+            {
+                mode &= !S_ISGID;
+            }
+            let body = body(&dir);
+            let size = match &body {
+                Body::Symlink(target) => target.len() as u64,
+                _ => 0,
+            };
+            let rec = Inode {
+                kind,
+                mode,
+                uid: caller.uid,
+                gid,
+                nlink: if kind == FileKind::Dir { 2 } else { 1 },
+                size,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                rdev,
+                parent,
+                fileset: child_fileset(parent, &dir, ino, kind),
+                version: 0,
+                ext: if kind == FileKind::File { extension_of(name) } else { String::new() },
+                body,
+            };
+            tx.add_dentry(parent, &mut dir, name, ino, kind)?;
+            if kind == FileKind::Dir {
+                dir.nlink += 1;
+            }
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(parent, &dir)?;
+            tx.put_inode(ino, &rec)?;
+            tx.account(None, Some(&rec));
+            Ok(rec.attr(ino))
+        })
+    }
+
+    /// Adds the name `new_name` in `new_parent` for the non-directory `ino`.
+    pub fn link(
+        &self,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+        caller: &Caller,
+    ) -> Result<Attr> {
+        names::check(new_name, FsStatus::Exists)?;
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            if rec.is_dir() {
+                return Err(fs(FsStatus::Perm, "hard link to a directory"));
+            }
+            if rec.nlink == 0 {
+                return Err(fs(FsStatus::NotFound, "inode has no name left"));
+            }
+            if rec.nlink >= LINK_COUNT_MAX {
+                return Err(fs(FsStatus::TooManyLinks, "too many links"));
+            }
+            let mut dir = tx.dir(new_parent)?;
+            perm::check(&dir, caller, W_OK | X_OK)?;
+            if tx.dentry(new_parent, new_name)?.is_some() {
+                return Err(fs(FsStatus::Exists, "name exists"));
+            }
+            let now = self.now();
+            tx.add_dentry(new_parent, &mut dir, new_name, ino, rec.kind)?;
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(new_parent, &dir)?;
+            rec.nlink += 1;
+            rec.ctime = now;
+            tx.put_inode(ino, &rec)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
+    /// Removes the non-directory entry `name`. When it was the inode's last link the result
+    /// says whether the data must be removed now (`purge`) or after the last `release`.
+    pub fn unlink(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<Unlinked> {
+        names::check(name, FsStatus::IsDir)?;
+        let opens = self.lock_opens();
+        self.write(|tx| {
+            let mut dir = tx.dir(parent)?;
+            perm::check(&dir, caller, W_OK | X_OK)?;
+            let dentry =
+                tx.dentry(parent, name)?.ok_or_else(|| fs(FsStatus::NotFound, "no such entry"))?;
+            if dentry.kind == FileKind::Dir {
+                return Err(fs(FsStatus::IsDir, "unlink of a directory"));
+            }
+            let rec = tx.inode(dentry.ino)?;
+            perm::check_sticky(&dir, &rec, caller)?;
+            tx.remove_dentry(parent, name)?;
+            let now = self.now();
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(parent, &dir)?;
+            drop_link(tx, &opens, dentry.ino, rec, now)
+        })
+    }
+
+    /// Removes the empty directory `name`.
+    pub fn rmdir(&self, parent: Ino, name: &[u8], caller: &Caller) -> Result<()> {
+        if name == b".." {
+            return Err(fs(FsStatus::NotEmpty, "rmdir of '..'"));
+        }
+        names::check(name, FsStatus::Invalid)?;
+        self.write(|tx| {
+            let mut dir = tx.dir(parent)?;
+            perm::check(&dir, caller, W_OK | X_OK)?;
+            let dentry =
+                tx.dentry(parent, name)?.ok_or_else(|| fs(FsStatus::NotFound, "no such entry"))?;
+            if dentry.kind != FileKind::Dir {
+                return Err(fs(FsStatus::NotDir, "rmdir of a non-directory"));
+            }
+            let rec = tx.inode(dentry.ino)?;
+            perm::check_sticky(&dir, &rec, caller)?;
+            if !tx.dir_is_empty(dentry.ino)? {
+                return Err(fs(FsStatus::NotEmpty, "directory not empty"));
+            }
+            tx.remove_dentry(parent, name)?;
+            tx.free_inode(dentry.ino)?;
+            let now = self.now();
+            dir.nlink -= 1;
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(parent, &dir)
+        })
+    }
+
+    /// Up to `limit` entries of `dir` whose cookie is at least `cookie`, in creation order.
+    /// Start with cookie 0; continue with the last entry's `next_cookie`. An entry that exists
+    /// for the whole listing is returned exactly once, whatever is added or removed between
+    /// calls. `.` and `..` are not returned: the caller adds them (cookies 1 and 2 are free
+    /// for that: real entries start at 3). Needs read permission.
+    pub fn readdir(
+        &self,
+        dir: Ino,
+        cookie: u64,
+        limit: usize,
+        caller: &Caller,
+    ) -> Result<Vec<DirEntry>> {
+        let limit = limit.clamp(1, READDIR_ENTRIES_MAX);
+        self.read(|rx| {
+            let rec = rx.inode(dir)?;
+            if !rec.is_dir() {
+                return Err(fs(FsStatus::NotDir, "readdir of a non-directory"));
+            }
+            perm::check(&rec, caller, R_OK)?;
+            let start = cookie.max(FIRST_SEQ);
+            let mut out = Vec::with_capacity(limit.min(256));
+            for item in rx.dir_seq.range((dir, start)..=(dir, u64::MAX))?.take(limit) {
+                let (key, value) = item?;
+                let (_, seq) = key.value();
+                let (ino, code, name) = value.value();
+                let kind = FileKind::from_code(code).ok_or_else(|| {
+                    crate::MetaError::Corrupt(format!("dir_seq in {dir}: kind {code}"))
+                })?;
+                out.push(DirEntry { name: name.to_vec(), ino, kind, next_cookie: seq + 1 });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Counts an open handle of `ino`; while any is open an unlinked inode keeps its data.
+    pub fn open_file(&self, ino: Ino) -> Result<()> {
+        let mut opens = self.lock_opens();
+        self.read(|rx| rx.inode(ino).map(|_| ()))?;
+        *opens.entry(ino).or_insert(0) += 1;
+        Ok(())
+    }
+
+    /// Drops an open handle. At the last one of an unlinked inode the inode is deleted and
+    /// its purge returned: the caller removes the chunks.
+    pub fn release(&self, ino: Ino) -> Result<Option<Purge>> {
+        let mut opens = self.lock_opens();
+        match opens.get_mut(&ino) {
+            Some(count) if *count > 1 => {
+                *count -= 1;
+                return Ok(None);
+            }
+            Some(_) => {
+                opens.remove(&ino);
+            }
+            None => return Err(fs(FsStatus::Invalid, "release without open")),
+        }
+        self.write(|tx| match crate::store::load_inode(&tx.inodes, ino)? {
+            Some(rec) if rec.nlink == 0 => Ok(Some(purge_inode(tx, ino, &rec)?)),
+            _ => Ok(None),
+        })
+    }
+
+    /// Handles open on `ino` in this process.
+    pub fn open_count(&self, ino: Ino) -> u32 {
+        self.lock_opens().get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Inodes with no name left that still hold data: open ones, and after a restart the
+    /// ones that were open when the process stopped. Purge the latter with [`Meta::purge`].
+    pub fn orphans(&self) -> Result<Vec<Ino>> {
+        self.read(|rx| {
+            let mut out = Vec::new();
+            for item in rx.orphans.range::<u64>(..)? {
+                out.push(item?.0.value());
+            }
+            Ok(out)
+        })
+    }
+
+    /// Deletes an orphan that is not open and returns what to remove from storage.
+    pub fn purge(&self, ino: Ino) -> Result<Purge> {
+        let opens = self.lock_opens();
+        if opens.contains_key(&ino) {
+            return Err(fs(FsStatus::Busy, "orphan still open"));
+        }
+        self.write(|tx| {
+            let rec = tx.inode(ino)?;
+            if rec.nlink != 0 {
+                return Err(fs(FsStatus::Invalid, "inode still has names"));
+            }
+            purge_inode(tx, ino, &rec)
+        })
+    }
+}
+
+fn purge_inode(tx: &mut Tx<'_>, ino: Ino, rec: &Inode) -> Result<Purge> {
+    tx.free_inode(ino)?;
+    Ok(Purge { ino, size: rec.size, layout: rec.layout().cloned() })
+}
+
+/// Takes one link from a non-directory whose name the caller removed; deletes the inode if it
+/// was the last link and nobody has it open, makes it an orphan if someone does.
+pub(crate) fn drop_link(
+    tx: &mut Tx<'_>,
+    opens: &HashMap<Ino, u32>,
+    ino: Ino,
+    mut rec: Inode,
+    now: Timestamp,
+) -> Result<Unlinked> {
+    let before = rec.clone();
+    rec.nlink = rec.nlink.saturating_sub(1);
+    rec.ctime = now;
+    tx.account(Some(&before), Some(&rec));
+    if rec.nlink > 0 {
+        tx.put_inode(ino, &rec)?;
+        return Ok(Unlinked { ino, nlink: rec.nlink, purge: None });
+    }
+    if opens.get(&ino).copied().unwrap_or(0) > 0 {
+        tx.put_inode(ino, &rec)?;
+        tx.orphans.insert(ino, now.secs)?;
+        return Ok(Unlinked { ino, nlink: 0, purge: None });
+    }
+    let purge = purge_inode(tx, ino, &rec)?;
+    Ok(Unlinked { ino, nlink: 0, purge: Some(purge) })
+}

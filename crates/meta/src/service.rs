@@ -1,0 +1,324 @@
+//! The metadata service on the wire: decodes [`MetaRequest`]s, runs them on the blocking pool
+//! and encodes [`MetaReply`]s; errors travel as `FsStatus` RPC codes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use stria_proto::fs::{FsStatus, Ino};
+use stria_proto::wire::{self, MetaReply, MetaRequest, meta_method};
+use stria_rpc::{BoxFuture, Request, Response, Service};
+
+use crate::{
+    Attr, Caller, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, SetAttr,
+    SetTime, Timestamp, XattrFlags,
+};
+
+/// Where the byte capacity `statfs` reports comes from (the storage targets).
+pub type CapacitySource = Arc<dyn Fn() -> (u64, u64) + Send + Sync>;
+
+/// The metadata service: a [`Meta`] behind the RPC [`Service`] interface.
+#[derive(Clone)]
+pub struct MetaService {
+    meta: Arc<Meta>,
+    capacity: CapacitySource,
+}
+
+impl std::fmt::Debug for MetaService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaService").field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+impl MetaService {
+    pub fn new(meta: Arc<Meta>, capacity: CapacitySource) -> MetaService {
+        MetaService { meta, capacity }
+    }
+
+    /// Runs one request to completion (synchronously).
+    pub fn handle(&self, request: MetaRequest) -> Result<MetaReply, FsStatus> {
+        let op = request.op_name();
+        self.dispatch(request).map_err(|error| {
+            let status = error.status();
+            if status == FsStatus::Io {
+                tracing::error!(op, %error, "metadata request failed");
+            }
+            status
+        })
+    }
+
+    fn dispatch(&self, request: MetaRequest) -> Result<MetaReply, MetaError> {
+        let meta = &self.meta;
+        Ok(match request {
+            MetaRequest::Lookup { caller, parent, name } => {
+                self.attr(meta.lookup(parent, &name, &caller_of(caller))?)?
+            }
+            MetaRequest::GetAttr { ino } => self.attr(meta.getattr(ino)?)?,
+            MetaRequest::SetAttr { caller, ino, set } => {
+                let outcome = meta.setattr(ino, &caller_of(caller), &set_attr_of(set))?;
+                MetaReply::SetAttr {
+                    attr: self.wire_attr(outcome.attr)?,
+                    old_size: outcome.old_size,
+                }
+            }
+            MetaRequest::Create { caller, parent, name, kind, mode, rdev, exclusive } => {
+                let caller = caller_of(caller);
+                let node = match kind {
+                    wire::FileKind::File => NodeKind::File,
+                    wire::FileKind::Fifo => NodeKind::Fifo,
+                    wire::FileKind::Socket => NodeKind::Socket,
+                    wire::FileKind::CharDevice => NodeKind::CharDevice { rdev },
+                    wire::FileKind::BlockDevice => NodeKind::BlockDevice { rdev },
+                    wire::FileKind::Dir | wire::FileKind::Symlink => {
+                        return Err(MetaError::Fs {
+                            status: FsStatus::Invalid,
+                            context: "create of a directory or symlink",
+                        });
+                    }
+                };
+                match meta.mknod(parent, &name, node, mode, &caller) {
+                    Ok(attr) => self.attr(attr)?,
+                    // open(O_CREAT) without O_EXCL opens what is there.
+                    Err(MetaError::Fs { status: FsStatus::Exists, .. }) if !exclusive => {
+                        self.attr(meta.lookup(parent, &name, &caller)?)?
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            MetaRequest::Mkdir { caller, parent, name, mode } => {
+                self.attr(meta.mkdir(parent, &name, mode, &caller_of(caller))?)?
+            }
+            MetaRequest::Symlink { caller, parent, name, target } => {
+                self.attr(meta.symlink(parent, &name, &target, &caller_of(caller))?)?
+            }
+            MetaRequest::Link { caller, ino, new_parent, new_name } => {
+                self.attr(meta.link(ino, new_parent, &new_name, &caller_of(caller))?)?
+            }
+            MetaRequest::Unlink { caller, parent, name } => {
+                let unlinked = meta.unlink(parent, &name, &caller_of(caller))?;
+                MetaReply::Released(unlinked.purge.map(released))
+            }
+            MetaRequest::Rmdir { caller, parent, name } => {
+                meta.rmdir(parent, &name, &caller_of(caller))?;
+                MetaReply::Released(None)
+            }
+            MetaRequest::Rename { caller, parent, name, new_parent, new_name, flags } => {
+                let flags = RenameFlags { noreplace: flags.no_replace, exchange: flags.exchange };
+                let replaced =
+                    meta.rename(parent, &name, new_parent, &new_name, flags, &caller_of(caller))?;
+                MetaReply::Released(replaced.and_then(|u| u.purge).map(released))
+            }
+            MetaRequest::Readlink { ino } => MetaReply::Bytes(meta.readlink(ino)?),
+            MetaRequest::Readdir { caller, ino, cookie, max_entries } => {
+                let entries =
+                    meta.readdir(ino, cookie, max_entries as usize, &caller_of(caller))?;
+                MetaReply::Entries(
+                    entries
+                        .into_iter()
+                        .map(|e| wire::DirEntry {
+                            name: e.name,
+                            ino: e.ino,
+                            kind: wire_kind(e.kind),
+                            next_cookie: e.next_cookie,
+                        })
+                        .collect(),
+                )
+            }
+            MetaRequest::Access { caller, ino, mask } => {
+                meta.access(ino, &caller_of(caller), mask)?;
+                MetaReply::Done
+            }
+            MetaRequest::Open { caller, ino, mask } => {
+                if mask != 0 {
+                    meta.access(ino, &caller_of(caller), mask)?;
+                }
+                meta.open_file(ino)?;
+                let attr = match meta.getattr(ino) {
+                    Ok(attr) => self.wire_attr(attr)?,
+                    Err(error) => {
+                        let _ = meta.release(ino);
+                        return Err(error);
+                    }
+                };
+                MetaReply::Open { attr, inline: None }
+            }
+            MetaRequest::Release { ino } => MetaReply::Released(meta.release(ino)?.map(released)),
+            MetaRequest::ReadInline { ino } => {
+                let attr = meta.getattr(ino)?;
+                let bytes = meta.read_inline(ino, 0, attr.size as usize)?;
+                MetaReply::Bytes(bytes.unwrap_or_default())
+            }
+            MetaRequest::WriteInline { ino, offset, data } => {
+                match meta.write_inline(ino, offset, &data)? {
+                    InlineWrite::Written { .. } => self.attr(meta.getattr(ino)?)?,
+                    InlineWrite::MustSpill | InlineWrite::Chunked => {
+                        return Err(MetaError::Fs {
+                            status: FsStatus::TooBig,
+                            context: "inline write beyond the inline limit",
+                        });
+                    }
+                }
+            }
+            MetaRequest::Spill { ino } => match meta.file_layout(ino)? {
+                Some(_) => self.attr(meta.getattr(ino)?)?,
+                None => {
+                    let plan = meta.spill_begin(ino)?;
+                    MetaReply::Spilled {
+                        layout: plan.layout,
+                        data: plan.bytes,
+                        version: plan.version,
+                    }
+                }
+            },
+            MetaRequest::SpillCommit { ino, layout, version } => {
+                let plan = crate::SpillPlan { ino, bytes: Vec::new(), layout, version };
+                meta.spill_commit(&plan)?;
+                self.attr(meta.getattr(ino)?)?
+            }
+            MetaRequest::ExtendSize { ino, size, mtime } => {
+                meta.extend_size(ino, size, Timestamp { secs: mtime.secs, nanos: mtime.nanos })?;
+                MetaReply::Done
+            }
+            MetaRequest::GetXattr { caller, ino, name } => {
+                MetaReply::Bytes(meta.getxattr(ino, &name, &caller_of(caller))?)
+            }
+            MetaRequest::SetXattr { caller, ino, name, value, mode } => {
+                let flags = match mode {
+                    wire::XattrSetMode::Any => XattrFlags::Any,
+                    wire::XattrSetMode::Create => XattrFlags::Create,
+                    wire::XattrSetMode::Replace => XattrFlags::Replace,
+                };
+                meta.setxattr(ino, &name, &value, flags, &caller_of(caller))?;
+                MetaReply::Done
+            }
+            MetaRequest::ListXattr { caller, ino } => {
+                MetaReply::Names(meta.listxattr(ino, &caller_of(caller))?)
+            }
+            MetaRequest::RemoveXattr { caller, ino, name } => {
+                meta.removexattr(ino, &name, &caller_of(caller))?;
+                MetaReply::Done
+            }
+            MetaRequest::StatFs => {
+                let (total, free) = (self.capacity)();
+                let s = meta.statfs(total, free)?;
+                MetaReply::StatFs(wire::StatFs {
+                    bytes_total: s.bytes_total,
+                    bytes_free: s.bytes_free,
+                    files_total: s.inodes_total,
+                    files_used: s.inodes_used,
+                })
+            }
+            MetaRequest::SetFileLayout { caller, ino, policy } => {
+                let layout = meta.choose_layout(&policy)?;
+                meta.set_file_layout(ino, &layout, &caller_of(caller))?;
+                MetaReply::Done
+            }
+            MetaRequest::GetLayoutPolicy { ino } => MetaReply::Policy(meta.layout_policy(ino)?),
+            MetaRequest::SetLayoutPolicy { caller, ino, policy } => {
+                meta.set_layout_policy(ino, &policy, &caller_of(caller))?;
+                MetaReply::Done
+            }
+            MetaRequest::Sync => {
+                meta.sync()?;
+                MetaReply::Done
+            }
+        })
+    }
+
+    fn attr(&self, attr: Attr) -> Result<MetaReply, MetaError> {
+        Ok(MetaReply::Attr(self.wire_attr(attr)?))
+    }
+
+    /// The wire form of an inode's attributes; regular files carry their layout.
+    fn wire_attr(&self, attr: Attr) -> Result<wire::Attr, MetaError> {
+        let layout = match attr.kind {
+            FileKind::File => self.meta.file_layout(attr.ino)?,
+            _ => None,
+        };
+        Ok(wire::Attr {
+            ino: attr.ino,
+            kind: wire_kind(attr.kind),
+            perm: attr.mode as u16,
+            nlink: attr.nlink,
+            uid: attr.uid,
+            gid: attr.gid,
+            size: attr.size,
+            rdev: attr.rdev,
+            atime: wire_time(attr.atime),
+            mtime: wire_time(attr.mtime),
+            ctime: wire_time(attr.ctime),
+            crtime: wire_time(attr.ctime),
+            layout,
+        })
+    }
+}
+
+impl Service for MetaService {
+    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
+        let service = self.clone();
+        Box::pin(async move {
+            if request.method != meta_method::CALL {
+                return Response::error(stria_rpc::status::UNKNOWN_METHOD, "not a meta method");
+            }
+            let decoded: MetaRequest = match request.decode() {
+                Ok(decoded) => decoded,
+                Err(response) => return response,
+            };
+            match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
+                Ok(Ok(reply)) => Response::encode(&reply, Bytes::new()),
+                Ok(Err(status)) => Response::fs_error(status),
+                Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
+            }
+        })
+    }
+}
+
+fn released(purge: Purge) -> wire::Released {
+    wire::Released { ino: purge.ino, layout: purge.layout }
+}
+
+fn caller_of(caller: wire::Caller) -> Caller {
+    Caller { uid: caller.uid, gid: caller.gid, groups: caller.groups }
+}
+
+fn wire_time(t: Timestamp) -> wire::Timestamp {
+    wire::Timestamp { secs: t.secs, nanos: t.nanos }
+}
+
+fn set_time(t: wire::TimeSet) -> SetTime {
+    match t {
+        wire::TimeSet::Now => SetTime::Now,
+        wire::TimeSet::At(at) => SetTime::At(Timestamp { secs: at.secs, nanos: at.nanos }),
+    }
+}
+
+fn set_attr_of(set: wire::SetAttr) -> SetAttr {
+    SetAttr {
+        mode: set.mode,
+        uid: set.uid,
+        gid: set.gid,
+        size: set.size,
+        atime: set.atime.map(set_time),
+        mtime: set.mtime.map(set_time),
+    }
+}
+
+fn wire_kind(kind: FileKind) -> wire::FileKind {
+    match kind {
+        FileKind::File => wire::FileKind::File,
+        FileKind::Dir => wire::FileKind::Dir,
+        FileKind::Symlink => wire::FileKind::Symlink,
+        FileKind::Fifo => wire::FileKind::Fifo,
+        FileKind::Socket => wire::FileKind::Socket,
+        FileKind::CharDevice => wire::FileKind::CharDevice,
+        FileKind::BlockDevice => wire::FileKind::BlockDevice,
+    }
+}
+
+/// Inodes whose last name went away while open when the node stopped: their chunks must go.
+pub fn orphans_to_purge(meta: &Meta) -> Result<Vec<Purge>, MetaError> {
+    let mut purged = Vec::new();
+    for ino in meta.orphans()? {
+        purged.push(meta.purge(ino as Ino)?);
+    }
+    Ok(purged)
+}

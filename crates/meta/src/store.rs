@@ -1,0 +1,335 @@
+//! The redb tables and the per-transaction helpers every operation is written with.
+//!
+//! A mutation runs inside [`Tx`]: it opens every table once, collects counter changes in
+//! memory (so that an inode touched twice is counted once) and writes them just before commit.
+
+use std::collections::HashMap;
+
+use redb::{ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction};
+use stria_proto::fs::{FsStatus, Ino};
+
+use crate::error::{MetaError, Result, fs};
+use crate::record::{Inode, size_class};
+use crate::types::{FileKind, Usage};
+
+/// ino → encoded [`Inode`].
+pub(crate) const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
+/// (dir, name) → (ino, seq, kind code).
+pub(crate) const DENTRIES: TableDefinition<(u64, &[u8]), (u64, u64, u8)> =
+    TableDefinition::new("dentries");
+/// (dir, seq) → (ino, kind code, name): the readdir order.
+pub(crate) const DIR_SEQ: TableDefinition<(u64, u64), (u64, u8, &[u8])> =
+    TableDefinition::new("dir_seq");
+/// (ino, name) → value.
+pub(crate) const XATTRS: TableDefinition<(u64, &[u8]), &[u8]> = TableDefinition::new("xattrs");
+/// (counter class, id) → (files, bytes).
+pub(crate) const USAGE: TableDefinition<(u8, u64), (u64, u64)> = TableDefinition::new("usage");
+/// extension → (files, bytes).
+pub(crate) const USAGE_EXT: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage_ext");
+/// ino → unlink time (secs) of inodes with no name left that still hold data.
+pub(crate) const ORPHANS: TableDefinition<u64, i64> = TableDefinition::new("orphans");
+/// Named scalars: [`KEY_NEXT_INO`], [`KEY_INODES_USED`], [`KEY_FORMAT`].
+pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
+
+pub(crate) const KEY_NEXT_INO: &str = "next_ino";
+pub(crate) const KEY_INODES_USED: &str = "inodes_used";
+pub(crate) const KEY_FORMAT: &str = "format";
+/// Version of the table layout as a whole.
+pub(crate) const STORE_FORMAT: u64 = 1;
+
+/// Counter classes, the first half of a [`USAGE`] key.
+pub(crate) const CLASS_UID: u8 = 0;
+pub(crate) const CLASS_GID: u8 = 1;
+pub(crate) const CLASS_FILESET: u8 = 2;
+pub(crate) const CLASS_SIZE: u8 = 3;
+pub(crate) const CLASS_TOTAL: u8 = 4;
+
+fn not_found(context: &'static str) -> MetaError {
+    fs(FsStatus::NotFound, context)
+}
+
+pub(crate) fn load_inode<T: ReadableTable<u64, &'static [u8]>>(
+    table: &T,
+    ino: Ino,
+) -> Result<Option<Inode>> {
+    match table.get(ino)? {
+        Some(guard) => Ok(Some(Inode::decode(ino, guard.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// A directory entry as stored.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dentry {
+    pub ino: Ino,
+    pub seq: u64,
+    pub kind: FileKind,
+}
+
+pub(crate) fn load_dentry<T: ReadableTable<(u64, &'static [u8]), (u64, u64, u8)>>(
+    table: &T,
+    dir: Ino,
+    name: &[u8],
+) -> Result<Option<Dentry>> {
+    match table.get((dir, name))? {
+        Some(guard) => {
+            let (ino, seq, code) = guard.value();
+            let kind = FileKind::from_code(code)
+                .ok_or_else(|| MetaError::Corrupt(format!("dentry in {dir}: kind {code}")))?;
+            Ok(Some(Dentry { ino, seq, kind }))
+        }
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn load_usage<T: ReadableTable<(u8, u64), (u64, u64)>>(
+    table: &T,
+    class: u8,
+    id: u64,
+) -> Result<Usage> {
+    Ok(table
+        .get((class, id))?
+        .map(|g| {
+            let (files, bytes) = g.value();
+            Usage { files, bytes }
+        })
+        .unwrap_or_default())
+}
+
+/// Read-only view of one snapshot.
+pub(crate) struct Rx {
+    pub inodes: redb::ReadOnlyTable<u64, &'static [u8]>,
+    pub dentries: redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>,
+    pub dir_seq: redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>,
+    pub xattrs: redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
+    pub usage: redb::ReadOnlyTable<(u8, u64), (u64, u64)>,
+    pub usage_ext: redb::ReadOnlyTable<&'static str, (u64, u64)>,
+    pub orphans: redb::ReadOnlyTable<u64, i64>,
+    pub system: redb::ReadOnlyTable<&'static str, u64>,
+}
+
+impl Rx {
+    pub fn open(txn: &ReadTransaction) -> Result<Rx> {
+        Ok(Rx {
+            inodes: txn.open_table(INODES)?,
+            dentries: txn.open_table(DENTRIES)?,
+            dir_seq: txn.open_table(DIR_SEQ)?,
+            xattrs: txn.open_table(XATTRS)?,
+            usage: txn.open_table(USAGE)?,
+            usage_ext: txn.open_table(USAGE_EXT)?,
+            orphans: txn.open_table(ORPHANS)?,
+            system: txn.open_table(SYSTEM)?,
+        })
+    }
+
+    pub fn inode(&self, ino: Ino) -> Result<Inode> {
+        load_inode(&self.inodes, ino)?.ok_or_else(|| not_found("no such inode"))
+    }
+
+    pub fn dentry(&self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
+        load_dentry(&self.dentries, dir, name)
+    }
+
+    pub fn system(&self, key: &str) -> Result<u64> {
+        Ok(self.system.get(key)?.map(|g| g.value()).unwrap_or(0))
+    }
+}
+
+/// Counter changes of one transaction, netted per key.
+#[derive(Default, Debug)]
+pub(crate) struct Deltas {
+    usage: HashMap<(u8, u64), (i64, i64)>,
+    ext: HashMap<String, (i64, i64)>,
+}
+
+impl Deltas {
+    fn add(&mut self, rec: &Inode, sign: i64) {
+        let bytes = rec.size as i64 * sign;
+        for key in [
+            (CLASS_UID, rec.uid as u64),
+            (CLASS_GID, rec.gid as u64),
+            (CLASS_FILESET, rec.fileset),
+            (CLASS_SIZE, size_class(rec.size)),
+            (CLASS_TOTAL, 0),
+        ] {
+            let entry = self.usage.entry(key).or_default();
+            entry.0 += sign;
+            entry.1 += bytes;
+        }
+        let entry = self.ext.entry(rec.ext.clone()).or_default();
+        entry.0 += sign;
+        entry.1 += bytes;
+    }
+}
+
+fn apply(current: (u64, u64), delta: (i64, i64)) -> (u64, u64) {
+    (current.0.saturating_add_signed(delta.0), current.1.saturating_add_signed(delta.1))
+}
+
+/// One write transaction with every table open.
+pub(crate) struct Tx<'t> {
+    pub inodes: Table<'t, u64, &'static [u8]>,
+    pub dentries: Table<'t, (u64, &'static [u8]), (u64, u64, u8)>,
+    pub dir_seq: Table<'t, (u64, u64), (u64, u8, &'static [u8])>,
+    pub xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
+    pub usage: Table<'t, (u8, u64), (u64, u64)>,
+    pub usage_ext: Table<'t, &'static str, (u64, u64)>,
+    pub orphans: Table<'t, u64, i64>,
+    pub system: Table<'t, &'static str, u64>,
+    deltas: Deltas,
+}
+
+impl<'t> Tx<'t> {
+    pub fn open(txn: &'t WriteTransaction) -> Result<Tx<'t>> {
+        Ok(Tx {
+            inodes: txn.open_table(INODES)?,
+            dentries: txn.open_table(DENTRIES)?,
+            dir_seq: txn.open_table(DIR_SEQ)?,
+            xattrs: txn.open_table(XATTRS)?,
+            usage: txn.open_table(USAGE)?,
+            usage_ext: txn.open_table(USAGE_EXT)?,
+            orphans: txn.open_table(ORPHANS)?,
+            system: txn.open_table(SYSTEM)?,
+            deltas: Deltas::default(),
+        })
+    }
+
+    pub fn inode(&self, ino: Ino) -> Result<Inode> {
+        load_inode(&self.inodes, ino)?.ok_or_else(|| not_found("no such inode"))
+    }
+
+    /// The inode `ino`, which must be a directory.
+    pub fn dir(&self, ino: Ino) -> Result<Inode> {
+        let rec = self.inode(ino)?;
+        if !rec.is_dir() {
+            return Err(fs(FsStatus::NotDir, "parent is not a directory"));
+        }
+        Ok(rec)
+    }
+
+    pub fn put_inode(&mut self, ino: Ino, rec: &Inode) -> Result<()> {
+        self.inodes.insert(ino, rec.encode()?.as_slice())?;
+        Ok(())
+    }
+
+    pub fn dentry(&self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
+        load_dentry(&self.dentries, dir, name)
+    }
+
+    /// Adds `name → ino` to directory `dir` (whose record the caller writes back).
+    pub fn add_dentry(
+        &mut self,
+        dir: Ino,
+        dir_rec: &mut Inode,
+        name: &[u8],
+        ino: Ino,
+        kind: FileKind,
+    ) -> Result<()> {
+        let body =
+            dir_rec.dir_body().ok_or_else(|| fs(FsStatus::NotDir, "parent is not a directory"))?;
+        let seq = body.next_seq;
+        body.next_seq += 1;
+        self.dentries.insert((dir, name), (ino, seq, kind.code()))?;
+        self.dir_seq.insert((dir, seq), (ino, kind.code(), name))?;
+        Ok(())
+    }
+
+    pub fn remove_dentry(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
+        let Some(dentry) = self.dentry(dir, name)? else {
+            return Ok(None);
+        };
+        self.dentries.remove((dir, name))?;
+        self.dir_seq.remove((dir, dentry.seq))?;
+        Ok(Some(dentry))
+    }
+
+    pub fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
+        Ok(self.dir_seq.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
+    }
+
+    /// The entries of `dir` (ino, kind), all of them.
+    pub fn children(&self, dir: Ino) -> Result<Vec<(Ino, FileKind)>> {
+        let mut out = Vec::new();
+        for item in self.dir_seq.range((dir, 0)..=(dir, u64::MAX))? {
+            let (_, value) = item?;
+            let (ino, code, _) = value.value();
+            let kind = FileKind::from_code(code)
+                .ok_or_else(|| MetaError::Corrupt(format!("dir_seq in {dir}: kind {code}")))?;
+            out.push((ino, kind));
+        }
+        Ok(out)
+    }
+
+    pub fn system(&self, key: &str) -> Result<u64> {
+        Ok(self.system.get(key)?.map(|g| g.value()).unwrap_or(0))
+    }
+
+    /// A fresh inode number, counted as used.
+    pub fn alloc_ino(&mut self, inodes_max: u64) -> Result<Ino> {
+        let used = self.system(KEY_INODES_USED)?;
+        if used >= inodes_max {
+            return Err(fs(FsStatus::NoSpace, "inode limit reached"));
+        }
+        let ino = self.system(KEY_NEXT_INO)?;
+        self.system.insert(KEY_NEXT_INO, ino + 1)?;
+        self.system.insert(KEY_INODES_USED, used + 1)?;
+        Ok(ino)
+    }
+
+    /// Deletes an inode record, its xattrs and its orphan mark.
+    pub fn free_inode(&mut self, ino: Ino) -> Result<()> {
+        self.inodes.remove(ino)?;
+        self.orphans.remove(ino)?;
+        let names: Vec<Vec<u8>> = self
+            .xattrs
+            .range((ino, &[][..])..(ino + 1, &[][..]))?
+            .map(|item| item.map(|(k, _)| k.value().1.to_vec()))
+            .collect::<Result<_, _>>()?;
+        for name in names {
+            self.xattrs.remove((ino, name.as_slice()))?;
+        }
+        let used = self.system(KEY_INODES_USED)?;
+        self.system.insert(KEY_INODES_USED, used.saturating_sub(1))?;
+        Ok(())
+    }
+
+    /// Records a change of a regular file's counted state (`None`: not counted).
+    pub fn account(&mut self, before: Option<&Inode>, after: Option<&Inode>) {
+        if let Some(rec) = before.filter(|r| r.counted()) {
+            self.deltas.add(rec, -1);
+        }
+        if let Some(rec) = after.filter(|r| r.counted()) {
+            self.deltas.add(rec, 1);
+        }
+    }
+
+    /// Writes the netted counter changes; called once, just before commit.
+    pub fn flush_counters(&mut self) -> Result<()> {
+        let deltas = std::mem::take(&mut self.deltas);
+        for (key, delta) in deltas.usage {
+            if delta == (0, 0) {
+                continue;
+            }
+            let current = load_usage(&self.usage, key.0, key.1)?;
+            let next = apply((current.files, current.bytes), delta);
+            if next == (0, 0) {
+                self.usage.remove(key)?;
+            } else {
+                self.usage.insert(key, next)?;
+            }
+        }
+        for (ext, delta) in deltas.ext {
+            if delta == (0, 0) {
+                continue;
+            }
+            let current = self.usage_ext.get(ext.as_str())?.map(|g| g.value()).unwrap_or((0, 0));
+            let next = apply(current, delta);
+            if next == (0, 0) {
+                self.usage_ext.remove(ext.as_str())?;
+            } else {
+                self.usage_ext.insert(ext.as_str(), next)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! The public value types of the metadata API.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use stria_proto::fs::{FileLayout, Ino};
+
+/// Set-user-id, set-group-id and sticky bits of `mode`.
+pub const S_ISUID: u32 = 0o4000;
+pub const S_ISGID: u32 = 0o2000;
+pub const S_ISVTX: u32 = 0o1000;
+/// Permission bits a mode may carry (the file type lives in [`FileKind`]).
+pub const MODE_BITS: u32 = 0o7777;
+
+/// Access masks for [`crate::Meta::access`] (as `access(2)`); `F_OK` is 0.
+pub const R_OK: u32 = 4;
+pub const W_OK: u32 = 2;
+pub const X_OK: u32 = 1;
+
+/// Most links one inode may have (and most subdirectories of one directory).
+pub const LINK_COUNT_MAX: u32 = 65_000;
+/// Most entries one `readdir` call returns.
+pub const READDIR_ENTRIES_MAX: usize = 4096;
+/// Upper bounds of the file-size histogram classes; the last class is everything above.
+pub const SIZE_CLASS_BOUNDS: [u64; 4] = [4 << 10, 64 << 10, 1 << 20, 64 << 20];
+pub const SIZE_CLASSES: usize = SIZE_CLASS_BOUNDS.len() + 1;
+/// Longest file-name extension that is counted on its own; longer ones count as "".
+pub const EXTENSION_BYTES_MAX: usize = 16;
+
+/// What an inode is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl FileKind {
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+    pub(crate) fn from_code(code: u8) -> Option<FileKind> {
+        Some(match code {
+            0 => FileKind::File,
+            1 => FileKind::Dir,
+            2 => FileKind::Symlink,
+            3 => FileKind::Fifo,
+            4 => FileKind::Socket,
+            5 => FileKind::CharDevice,
+            6 => FileKind::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub const fn new(secs: i64, nanos: u32) -> Timestamp {
+        Timestamp { secs, nanos }
+    }
+
+    /// The system clock, now.
+    pub fn now() -> Timestamp {
+        match SystemTime::now().duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Err(_) => Timestamp::default(),
+        }
+    }
+}
+
+/// Who asks: the credentials every permission check runs against.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (the primary `gid` need not be repeated).
+    pub groups: Vec<u32>,
+}
+
+impl Caller {
+    pub fn root() -> Caller {
+        Caller::default()
+    }
+    pub fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, groups: Vec::new() }
+    }
+    pub fn with_groups(mut self, groups: &[u32]) -> Caller {
+        self.groups = groups.to_vec();
+        self
+    }
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// The attributes of one inode, as `stat` shows them.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits, `MODE_BITS` only.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Device number of character and block devices.
+    pub rdev: u32,
+}
+
+/// A time to set with `setattr`: the server's clock, or a given time (`utimensat`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SetTime {
+    Now,
+    At(Timestamp),
+}
+
+/// The attributes `setattr` changes; `None` leaves one as it is.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Truncate or extend (regular files only).
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// What `setattr` did: the new attributes and, for truncate, the size before.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SetAttrOutcome {
+    pub attr: Attr,
+    pub old_size: u64,
+}
+
+/// What a new non-directory inode is (`mknod`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NodeKind {
+    File,
+    Fifo,
+    Socket,
+    CharDevice { rdev: u32 },
+    BlockDevice { rdev: u32 },
+}
+
+/// One directory entry from `readdir`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Pass this to `readdir` to continue after this entry.
+    pub next_cookie: u64,
+}
+
+/// An inode whose data the caller must remove from storage now.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Purge {
+    pub ino: Ino,
+    pub size: u64,
+    /// `None`: the data was inline (or it was not a regular file); nothing to remove.
+    pub layout: Option<FileLayout>,
+}
+
+/// What `unlink` (or a replacing `rename`) did to the inode.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Unlinked {
+    pub ino: Ino,
+    /// Links left; 0 means the name was the last one.
+    pub nlink: u32,
+    /// Set when the inode is gone and its chunks must be removed now. `None` with `nlink == 0`
+    /// means the file is still open: it became an orphan and `release` returns its purge.
+    pub purge: Option<Purge>,
+}
+
+/// `renameat2` flags.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct RenameFlags {
+    /// `RENAME_NOREPLACE`: fail with EEXIST if the target exists.
+    pub noreplace: bool,
+    /// `RENAME_EXCHANGE`: swap source and target atomically; both must exist.
+    pub exchange: bool,
+}
+
+impl RenameFlags {
+    pub const NONE: RenameFlags = RenameFlags { noreplace: false, exchange: false };
+    pub const NOREPLACE: RenameFlags = RenameFlags { noreplace: true, exchange: false };
+    pub const EXCHANGE: RenameFlags = RenameFlags { noreplace: false, exchange: true };
+}
+
+/// `setxattr` flags.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum XattrFlags {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// `XATTR_CREATE`: fail with EEXIST if it exists.
+    Create,
+    /// `XATTR_REPLACE`: fail with ENODATA if it does not exist.
+    Replace,
+}
+
+/// The outcome of `write_inline`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum InlineWrite {
+    /// Written into the inode; the file's size now.
+    Written { size: u64 },
+    /// The write would make the file larger than `INLINE_DATA_MAX`: nothing was written; spill
+    /// the file (`spill_begin`/`spill_commit`) and write to chunks.
+    MustSpill,
+    /// The file is already chunked: write to chunks and call `extend_size`.
+    Chunked,
+}
+
+/// How to move an inline file to chunks; see [`crate::Meta::spill_begin`].
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SpillPlan {
+    pub ino: Ino,
+    /// The file's bytes: write them at offset 0 of the new layout before `spill_commit`.
+    pub bytes: Vec<u8>,
+    pub layout: FileLayout,
+    /// The inline data version the plan was made from; a later inline write makes the
+    /// commit fail with `EAGAIN` (plan again).
+    pub version: u64,
+}
+
+/// Files and bytes counted against one uid, gid, fileset, size class or extension.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Usage {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// `statfs`: inode counts from the namespace, byte capacity from the caller.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct StatFs {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    /// Sum of the sizes of all regular files (logical bytes, hard links once).
+    pub bytes_used_logical: u64,
+    pub inodes_total: u64,
+    pub inodes_used: u64,
+    pub inodes_free: u64,
+    pub files: u64,
+    pub name_bytes_max: u32,
+}

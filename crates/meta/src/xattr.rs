@@ -1,0 +1,105 @@
+//! Extended attributes: `trusted.*` is root's; the other namespaces follow the file's
+//! read/write permission.
+
+use redb::ReadableTable;
+use stria_proto::fs::{FsStatus, Ino, XATTR_NAME_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
+
+use crate::Meta;
+use crate::error::{Result, fs};
+use crate::perm;
+use crate::record::Inode;
+use crate::types::*;
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_BYTES_MAX {
+        return Err(fs(FsStatus::Range, "xattr name empty or too long"));
+    }
+    Ok(())
+}
+
+fn is_trusted(name: &[u8]) -> bool {
+    name.starts_with(b"trusted.")
+}
+
+fn check_access(rec: &Inode, name: &[u8], caller: &Caller, mask: u32) -> Result<()> {
+    if is_trusted(name) {
+        return if caller.is_root() { Ok(()) } else { Err(fs(FsStatus::Perm, "trusted xattr")) };
+    }
+    perm::check(rec, caller, mask)
+}
+
+impl Meta {
+    pub fn getxattr(&self, ino: Ino, name: &[u8], caller: &Caller) -> Result<Vec<u8>> {
+        check_name(name)?;
+        self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            check_access(&rec, name, caller, R_OK)?;
+            match rx.xattrs.get((ino, name))? {
+                Some(value) => Ok(value.value().to_vec()),
+                None => Err(fs(FsStatus::NoData, "no such xattr")),
+            }
+        })
+    }
+
+    /// Sets `name` to `value`; `flags` as XATTR_CREATE / XATTR_REPLACE. A value longer than
+    /// `XATTR_VALUE_BYTES_MAX` fails with EFBIG (Linux says E2BIG, which FsStatus lacks).
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+        caller: &Caller,
+    ) -> Result<()> {
+        check_name(name)?;
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return Err(fs(FsStatus::TooBig, "xattr value too large"));
+        }
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            check_access(&rec, name, caller, W_OK)?;
+            let exists = tx.xattrs.get((ino, name))?.is_some();
+            match flags {
+                XattrFlags::Create if exists => {
+                    return Err(fs(FsStatus::Exists, "xattr exists"));
+                }
+                XattrFlags::Replace if !exists => {
+                    return Err(fs(FsStatus::NoData, "no such xattr"));
+                }
+                _ => {}
+            }
+            tx.xattrs.insert((ino, name), value)?;
+            rec.ctime = self.now();
+            tx.put_inode(ino, &rec)
+        })
+    }
+
+    /// The names of `ino`'s xattrs, in byte order (`trusted.*` only for root).
+    pub fn listxattr(&self, ino: Ino, caller: &Caller) -> Result<Vec<Vec<u8>>> {
+        self.read(|rx| {
+            rx.inode(ino)?;
+            let mut out = Vec::new();
+            for item in rx.xattrs.range((ino, &[][..])..(ino + 1, &[][..]))? {
+                let (key, _) = item?;
+                let name = key.value().1;
+                if caller.is_root() || !is_trusted(name) {
+                    out.push(name.to_vec());
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8], caller: &Caller) -> Result<()> {
+        check_name(name)?;
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            check_access(&rec, name, caller, W_OK)?;
+            if tx.xattrs.remove((ino, name))?.is_none() {
+                return Err(fs(FsStatus::NoData, "no such xattr"));
+            }
+            rec.ctime = self.now();
+            tx.put_inode(ino, &rec)
+        })
+    }
+}

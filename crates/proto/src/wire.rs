@@ -1,0 +1,477 @@
+//! Request and reply messages of the file-system services (meta and storage), carried as the
+//! postcard-encoded message part of an RPC frame. Bulk data (chunk contents) travels as the
+//! frame's raw data part, never inside these structs.
+//!
+//! Compatibility rule: variants and fields are only ever appended; the method numbers below are
+//! stable and name the operation in logs and metrics.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fs::{ChunkId, FileLayout, FsStatus, Ino, LayoutPolicy, ObjectId, TargetId};
+
+/// Method numbers of the metadata service (block 1000..1999).
+pub mod meta_method {
+    pub const CALL: u16 = 1000;
+}
+
+/// Method numbers of the storage service (block 2000..2999).
+pub mod storage_method {
+    pub const CHUNK_READ: u16 = 2000;
+    pub const CHUNK_WRITE: u16 = 2001;
+    pub const CHUNK_TRUNCATE: u16 = 2002;
+    pub const OBJECT_REMOVE: u16 = 2003;
+    pub const TARGET_SYNC: u16 = 2004;
+    pub const TARGET_LIST: u16 = 2005;
+    /// Administrative: mark one drive of a target failed (the array goes degraded).
+    pub const TARGET_FAIL_DRIVE: u16 = 2006;
+}
+
+/// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
+pub const FS_STATUS_BASE: u16 = 3000;
+
+impl FsStatus {
+    /// The RPC status code carrying this error.
+    pub fn rpc_code(self) -> u16 {
+        FS_STATUS_BASE + self as u16
+    }
+
+    /// The error an RPC status code carries, if it is a file-system code.
+    pub fn from_rpc_code(code: u16) -> Option<FsStatus> {
+        use FsStatus::*;
+        const ALL: [FsStatus; 23] = [
+            NotFound,
+            Exists,
+            NotDir,
+            IsDir,
+            NotEmpty,
+            Access,
+            Perm,
+            NoSpace,
+            Io,
+            Invalid,
+            NameTooLong,
+            NoData,
+            Range,
+            TooManyLinks,
+            CrossDevice,
+            Busy,
+            Loop,
+            ReadOnly,
+            Unavailable,
+            TooBig,
+            NotSupported,
+            Stale,
+            Quota,
+        ];
+        ALL.into_iter().find(|s| s.rpc_code() == code)
+    }
+}
+
+/// Seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// The identity a request acts as: permission checks use it.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Caller {
+    pub fn root() -> Caller {
+        Caller::default()
+    }
+}
+
+/// An inode's attributes as clients see them.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky (07777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    /// Where a chunked file's bytes live; `None` for inline files and everything else.
+    pub layout: Option<FileLayout>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+/// The attributes a setattr changes; `None` leaves one as it is.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Pass this cookie to continue reading after this entry.
+    pub next_cookie: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct StatFs {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub files_total: u64,
+    pub files_used: u64,
+}
+
+/// What an unlink, rmdir or replacing rename released: when the last link of a chunked file
+/// went away, the caller removes its chunks from these targets.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Released {
+    pub ino: Ino,
+    pub layout: Option<FileLayout>,
+}
+
+/// Flags of rename(2)/renameat2(2).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct RenameFlags {
+    pub no_replace: bool,
+    pub exchange: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum XattrSetMode {
+    Any,
+    Create,
+    Replace,
+}
+
+/// One metadata request. Method number [`meta_method::CALL`]; [`MetaRequest::op_name`] names it
+/// for logs and metrics.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum MetaRequest {
+    Lookup {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        caller: Caller,
+        ino: Ino,
+        set: SetAttr,
+    },
+    Create {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        exclusive: bool,
+    },
+    Mkdir {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        mode: u32,
+    },
+    Symlink {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Link {
+        caller: Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+    },
+    Unlink {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rename {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+        flags: RenameFlags,
+    },
+    Readlink {
+        ino: Ino,
+    },
+    Readdir {
+        caller: Caller,
+        ino: Ino,
+        cookie: u64,
+        max_entries: u32,
+    },
+    Access {
+        caller: Caller,
+        ino: Ino,
+        mask: u32,
+    },
+    /// Checks open permission (mask from the access mode) and returns the attributes, plus the
+    /// inline bytes of a small file.
+    Open {
+        caller: Caller,
+        ino: Ino,
+        mask: u32,
+    },
+    ReadInline {
+        ino: Ino,
+    },
+    /// Writes into an inline file; fails with `TooBig` when the result would not fit inline.
+    WriteInline {
+        ino: Ino,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// First step of moving an inline file to chunks: returns the layout it will get and its
+    /// inline bytes, changing nothing. The caller writes the bytes to chunk 0 durably, then
+    /// sends `SpillCommit`, so a crash in between leaves the inline copy in force.
+    Spill {
+        ino: Ino,
+    },
+    /// Second step: the file becomes chunked with `layout`; refused with `Unavailable` when
+    /// the inline bytes changed since the plan's `version` (plan again).
+    SpillCommit {
+        ino: Ino,
+        layout: FileLayout,
+        version: u64,
+    },
+    /// The close of a handle opened with `Open`: an unlinked file is purged at its last
+    /// release, and the reply names the chunks to remove.
+    Release {
+        ino: Ino,
+    },
+    /// Raises the size to at least `size` and sets mtime (data written through chunks).
+    ExtendSize {
+        ino: Ino,
+        size: u64,
+        mtime: Timestamp,
+    },
+    GetXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        mode: XattrSetMode,
+    },
+    ListXattr {
+        caller: Caller,
+        ino: Ino,
+    },
+    RemoveXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    StatFs,
+    /// Gives an empty regular file the layout `policy` describes (`setstripe` on a file).
+    SetFileLayout {
+        caller: Caller,
+        ino: Ino,
+        policy: LayoutPolicy,
+    },
+    GetLayoutPolicy {
+        ino: Ino,
+    },
+    SetLayoutPolicy {
+        caller: Caller,
+        ino: Ino,
+        policy: LayoutPolicy,
+    },
+    /// Makes every earlier metadata change durable.
+    Sync,
+}
+
+impl MetaRequest {
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            MetaRequest::Lookup { .. } => "lookup",
+            MetaRequest::GetAttr { .. } => "getattr",
+            MetaRequest::SetAttr { .. } => "setattr",
+            MetaRequest::Create { .. } => "create",
+            MetaRequest::Mkdir { .. } => "mkdir",
+            MetaRequest::Symlink { .. } => "symlink",
+            MetaRequest::Link { .. } => "link",
+            MetaRequest::Unlink { .. } => "unlink",
+            MetaRequest::Rmdir { .. } => "rmdir",
+            MetaRequest::Rename { .. } => "rename",
+            MetaRequest::Readlink { .. } => "readlink",
+            MetaRequest::Readdir { .. } => "readdir",
+            MetaRequest::Access { .. } => "access",
+            MetaRequest::Open { .. } => "open",
+            MetaRequest::ReadInline { .. } => "read_inline",
+            MetaRequest::WriteInline { .. } => "write_inline",
+            MetaRequest::Spill { .. } => "spill",
+            MetaRequest::SpillCommit { .. } => "spill_commit",
+            MetaRequest::Release { .. } => "release",
+            MetaRequest::ExtendSize { .. } => "extend_size",
+            MetaRequest::GetXattr { .. } => "getxattr",
+            MetaRequest::SetXattr { .. } => "setxattr",
+            MetaRequest::ListXattr { .. } => "listxattr",
+            MetaRequest::RemoveXattr { .. } => "removexattr",
+            MetaRequest::StatFs => "statfs",
+            MetaRequest::SetFileLayout { .. } => "set_file_layout",
+            MetaRequest::GetLayoutPolicy { .. } => "get_layout_policy",
+            MetaRequest::SetLayoutPolicy { .. } => "set_layout_policy",
+            MetaRequest::Sync => "sync",
+        }
+    }
+}
+
+/// The reply to a [`MetaRequest`] (errors travel as RPC status codes, not here).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum MetaReply {
+    Attr(Attr),
+    /// setattr: the new attributes and the size before (so a truncate can trim chunks).
+    SetAttr {
+        attr: Attr,
+        old_size: u64,
+    },
+    Released(Option<Released>),
+    Bytes(Vec<u8>),
+    Entries(Vec<DirEntry>),
+    Open {
+        attr: Attr,
+        inline: Option<Vec<u8>>,
+    },
+    Spilled {
+        layout: FileLayout,
+        data: Vec<u8>,
+        version: u64,
+    },
+    Names(Vec<Vec<u8>>),
+    StatFs(StatFs),
+    Policy(LayoutPolicy),
+    Done,
+}
+
+/// Storage requests; chunk contents go in the frame's data part.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkRead {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub offset: u32,
+    pub len: u32,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkWrite {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub offset: u32,
+    /// CRC32C of the data part, checked by the target before anything is stored.
+    pub crc: u32,
+    /// Make the write durable before replying (O_SYNC/FUA semantics).
+    pub sync: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkTruncate {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub len: u32,
+}
+
+/// Removes the chunks of `object` with index >= `from_index` on one target.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ObjectRemove {
+    pub target: TargetId,
+    pub object: ObjectId,
+    pub from_index: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TargetSync {
+    pub target: TargetId,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TargetFailDrive {
+    pub target: TargetId,
+    pub slot: u32,
+}
+
+/// One target's state as the storage service reports it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub target: TargetId,
+    pub pool: String,
+    pub raid: String,
+    pub state: String,
+    pub bytes_total: u64,
+    pub bytes_used: u64,
+    pub chunks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fs_status_codes_round_trip() {
+        for code in FS_STATUS_BASE..FS_STATUS_BASE + 30 {
+            if let Some(s) = FsStatus::from_rpc_code(code) {
+                assert_eq!(s.rpc_code(), code);
+            }
+        }
+        assert_eq!(FsStatus::from_rpc_code(FsStatus::Quota.rpc_code()), Some(FsStatus::Quota));
+        assert_eq!(FsStatus::from_rpc_code(0), None);
+    }
+}

@@ -1,0 +1,183 @@
+//! The storage service: serves the chunk requests of clients for the targets of this node.
+//!
+//! Each target is a RAID array with its chunk engine. Requests run on tokio's blocking pool
+//! (the engine and the array are synchronous and keep every drive busy from one call), many
+//! at once; the engine's per-chunk locks keep concurrent requests to one chunk in order.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use stria_engine::{Engine, EngineError};
+use stria_proto::fs::{ChunkId, FsStatus, TargetId};
+use stria_proto::wire::{
+    ChunkRead, ChunkTruncate, ChunkWrite, ObjectRemove, TargetFailDrive, TargetInfo, TargetSync,
+    storage_method,
+};
+use stria_raid::Array;
+
+/// One target: an array, its chunk engine and the pool it belongs to.
+#[derive(Debug)]
+pub struct Target {
+    pub id: TargetId,
+    pub pool: String,
+    pub array: Arc<Array>,
+    pub engine: Engine,
+}
+
+impl Target {
+    pub fn info(&self) -> TargetInfo {
+        let space = self.engine.space();
+        let status = self.array.status();
+        TargetInfo {
+            target: self.id,
+            pool: self.pool.clone(),
+            raid: status.level.clone(),
+            state: match &status.rebuild {
+                Some(rebuild) => format!("{:?} {:.0}%", status.state, rebuild.percent),
+                None => format!("{:?}", status.state),
+            }
+            .to_lowercase(),
+            bytes_total: space.total_bytes,
+            bytes_used: space.used_bytes,
+            chunks: space.chunks,
+        }
+    }
+}
+
+/// The storage service of one node.
+#[derive(Debug, Clone)]
+pub struct StorageService {
+    targets: Arc<BTreeMap<TargetId, Arc<Target>>>,
+}
+
+type Handled = Result<(Vec<u8>, Bytes), u16>;
+
+impl StorageService {
+    pub fn new(targets: Vec<Target>) -> StorageService {
+        let targets = targets.into_iter().map(|t| (t.id, Arc::new(t))).collect();
+        StorageService { targets: Arc::new(targets) }
+    }
+
+    pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
+        self.targets.values()
+    }
+
+    fn target(&self, id: TargetId) -> Result<Arc<Target>, FsStatus> {
+        self.targets.get(&id).cloned().ok_or_else(|| {
+            tracing::warn!(target = %id, "request for a target this node does not serve");
+            FsStatus::Stale
+        })
+    }
+
+    /// Makes every target durable (used at shutdown).
+    pub fn sync_all(&self) -> Result<(), EngineError> {
+        for target in self.targets.values() {
+            target.engine.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Serves one request: the method number, the encoded message and the bulk data; returns
+    /// the encoded reply and its bulk data, or an RPC status code.
+    pub fn handle(
+        &self,
+        method: u16,
+        message: Bytes,
+        data: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Handled> + Send + 'static>> {
+        let service = self.clone();
+        Box::pin(async move {
+            let work = move || service.handle_blocking(method, &message, data);
+            match tokio::task::spawn_blocking(work).await {
+                Ok(result) => result,
+                Err(_) => Err(FsStatus::Io.rpc_code()),
+            }
+        })
+    }
+
+    fn handle_blocking(&self, method: u16, message: &[u8], data: Bytes) -> Handled {
+        match method {
+            storage_method::CHUNK_READ => {
+                let r: ChunkRead = decode(message)?;
+                let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
+                let bytes = target.engine.read(r.chunk, r.offset, r.len).map_err(status_of)?;
+                Ok((encode(&())?, Bytes::from(bytes)))
+            }
+            storage_method::CHUNK_WRITE => {
+                let w: ChunkWrite = decode(message)?;
+                let target = self.target(w.target).map_err(FsStatus::rpc_code)?;
+                target.engine.write(w.chunk, w.offset, &data, Some(w.crc)).map_err(status_of)?;
+                if w.sync {
+                    target.engine.sync().map_err(status_of)?;
+                }
+                Ok((encode(&())?, Bytes::new()))
+            }
+            storage_method::CHUNK_TRUNCATE => {
+                let t: ChunkTruncate = decode(message)?;
+                let target = self.target(t.target).map_err(FsStatus::rpc_code)?;
+                target.engine.truncate(t.chunk, t.len).map_err(status_of)?;
+                Ok((encode(&())?, Bytes::new()))
+            }
+            storage_method::OBJECT_REMOVE => {
+                let r: ObjectRemove = decode(message)?;
+                let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
+                if r.from_index == 0 {
+                    target.engine.remove_object(r.object).map_err(status_of)?;
+                } else {
+                    let chunks = target.engine.list_chunks(r.object).map_err(status_of)?;
+                    for (index, _) in chunks.into_iter().filter(|(i, _)| *i >= r.from_index) {
+                        target
+                            .engine
+                            .remove(ChunkId { object: r.object, index })
+                            .map_err(status_of)?;
+                    }
+                }
+                Ok((encode(&())?, Bytes::new()))
+            }
+            storage_method::TARGET_SYNC => {
+                let s: TargetSync = decode(message)?;
+                let target = self.target(s.target).map_err(FsStatus::rpc_code)?;
+                target.engine.sync().map_err(status_of)?;
+                Ok((encode(&())?, Bytes::new()))
+            }
+            storage_method::TARGET_FAIL_DRIVE => {
+                let f: TargetFailDrive = decode(message)?;
+                let target = self.target(f.target).map_err(FsStatus::rpc_code)?;
+                if let Err(error) = target.array.fail_drive(f.slot as usize) {
+                    tracing::warn!(target = %f.target, slot = f.slot, %error, "refused to fail a drive");
+                    return Err(FsStatus::Busy.rpc_code());
+                }
+                tracing::warn!(target = %f.target, slot = f.slot, "drive failed by operator request");
+                Ok((encode(&target.info())?, Bytes::new()))
+            }
+            storage_method::TARGET_LIST => {
+                let infos: Vec<TargetInfo> = self.targets.values().map(|t| t.info()).collect();
+                Ok((encode(&infos)?, Bytes::new()))
+            }
+            _ => Err(stria_rpc::status::UNKNOWN_METHOD),
+        }
+    }
+}
+
+fn status_of(error: EngineError) -> u16 {
+    let status = error.status();
+    if status == FsStatus::Io {
+        tracing::error!(%error, "chunk request failed");
+    } else {
+        tracing::debug!(%error, "chunk request refused");
+    }
+    status.rpc_code()
+}
+
+fn decode<T: DeserializeOwned>(message: &[u8]) -> Result<T, u16> {
+    postcard::from_bytes(message).map_err(|_| stria_rpc::status::BAD_REQUEST)
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, u16> {
+    postcard::to_stdvec(value).map_err(|_| FsStatus::Io.rpc_code())
+}

@@ -1,0 +1,251 @@
+//! Commands that talk to a running node: `df`, `getstripe`, `setstripe`, `target`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use stria_client::{Client, ClientConfig};
+use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FsStatus, LayoutPolicy, TargetId};
+use stria_proto::wire::{Caller, FileKind};
+
+use crate::units::{format_bytes, parse_size};
+use crate::up::RunRecord;
+use crate::usage;
+
+/// Which node: the data directory `stria up` runs on.
+#[derive(Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// The data directory of the running node (as given to `stria up`).
+    #[arg(long, default_value = "stria-data")]
+    pub data: PathBuf,
+}
+
+/// A client of the node running on `data`, with its own small runtime.
+pub struct NodeClient {
+    pub client: Client,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl NodeClient {
+    pub fn connect(node: &NodeArgs) -> Result<NodeClient> {
+        let run = RunRecord::load(&node.data)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("cannot start the runtime")?;
+        // Every target of a single node is served by its one storage service; the listing
+        // gives the ids.
+        let probe = Client::new(
+            runtime.handle().clone(),
+            ClientConfig::new(run.meta, vec![(TargetId(0), run.storage)]),
+        );
+        let targets = probe.targets().map_err(|e| unreachable_node(&run, e))?;
+        let routes = targets.iter().map(|t| (t.target, run.storage)).collect();
+        let client = Client::new(runtime.handle().clone(), ClientConfig::new(run.meta, routes));
+        Ok(NodeClient { client, _runtime: runtime })
+    }
+}
+
+fn unreachable_node(run: &RunRecord, e: FsStatus) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the node (pid {}) does not answer at {}: {e}; is `stria up` still running?",
+        run.pid,
+        run.storage
+    )
+}
+
+pub fn df(node: NodeArgs) -> Result<()> {
+    let node = NodeClient::connect(&node)?;
+    let targets = node.client.targets()?;
+    let statfs = node.client.statfs()?;
+    println!(
+        "{:<8} {:<10} {:<8} {:<18} {:>10} {:>10} {:>10} {:>5}",
+        "TARGET", "POOL", "RAID", "STATE", "SIZE", "USED", "AVAIL", "USE%"
+    );
+    for t in &targets {
+        let avail = t.bytes_total.saturating_sub(t.bytes_used);
+        println!(
+            "{:<8} {:<10} {:<8} {:<18} {:>10} {:>10} {:>10} {:>4}%",
+            t.target.to_string(),
+            t.pool,
+            t.raid,
+            t.state,
+            format_bytes(t.bytes_total),
+            format_bytes(t.bytes_used),
+            format_bytes(avail),
+            percent(t.bytes_used, t.bytes_total)
+        );
+    }
+    let used = statfs.bytes_total.saturating_sub(statfs.bytes_free);
+    println!(
+        "{:<8} {:<10} {:<8} {:<18} {:>10} {:>10} {:>10} {:>4}%",
+        "total",
+        "",
+        "",
+        format!("{} targets", targets.len()),
+        format_bytes(statfs.bytes_total),
+        format_bytes(used),
+        format_bytes(statfs.bytes_free),
+        percent(used, statfs.bytes_total)
+    );
+    println!("inodes: {} used of {}", statfs.files_used, statfs.files_total);
+    Ok(())
+}
+
+fn percent(part: u64, whole: u64) -> u64 {
+    if whole == 0 { 0 } else { part * 100 / whole }
+}
+
+/// The inode number of a path inside a Stria mount (FUSE reports our numbers as st_ino).
+fn ino_of(path: &Path) -> Result<(u64, bool)> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
+    Ok((meta.ino(), meta.is_dir()))
+}
+
+#[derive(Args, Debug)]
+pub struct GetStripeArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Files or directories inside the Stria mount.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+pub fn getstripe(args: GetStripeArgs) -> Result<()> {
+    let node = NodeClient::connect(&args.node)?;
+    for path in &args.paths {
+        let (ino, is_dir) = ino_of(path)?;
+        println!("{}", path.display());
+        if is_dir {
+            let policy = node.client.layout_policy(ino)?;
+            let count = if policy.stripe_count == 0 {
+                "all targets".to_string()
+            } else {
+                policy.stripe_count.to_string()
+            };
+            println!("  default layout of new files:");
+            println!(
+                "  stripe_count: {count}  stripe_size: {}  pool: {}",
+                policy.chunk_bytes, policy.pool
+            );
+            continue;
+        }
+        let attr = node.client.getattr(ino)?;
+        match (&attr.kind, &attr.layout) {
+            (FileKind::File, Some(layout)) => {
+                println!(
+                    "  stripe_count: {}  stripe_size: {}  pool: {}",
+                    layout.targets.len(),
+                    layout.chunk_bytes,
+                    layout.pool
+                );
+                let list: Vec<String> = layout.targets.iter().map(|t| t.to_string()).collect();
+                println!("  targets: {}", list.join(" "));
+            }
+            (FileKind::File, None) => {
+                println!("  inline: the {} bytes live inside the inode (up to 3 KiB)", attr.size)
+            }
+            _ => println!("  not a regular file: no layout"),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct SetStripeArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Targets to stripe over (0 = every target of the pool).
+    #[arg(short = 'c', long = "stripe-count")]
+    pub stripe_count: Option<u32>,
+    /// Bytes per target in round robin (a power of two, 64K..16M).
+    #[arg(short = 'S', long = "stripe-size", value_parser = parse_size)]
+    pub stripe_size: Option<u64>,
+    /// The pool new files draw their targets from.
+    #[arg(short = 'p', long)]
+    pub pool: Option<String>,
+    /// A directory (sets the default of new files under it) or a file, created empty if it
+    /// does not exist (gets this layout; an existing file must be empty).
+    pub path: PathBuf,
+}
+
+pub fn setstripe(args: SetStripeArgs) -> Result<()> {
+    let node = NodeClient::connect(&args.node)?;
+    if !args.path.exists() {
+        std::fs::File::create(&args.path)
+            .with_context(|| format!("cannot create {}", args.path.display()))?;
+    }
+    let (ino, is_dir) = ino_of(&args.path)?;
+    let current = if is_dir { node.client.layout_policy(ino)? } else { LayoutPolicy::default() };
+    let chunk_bytes = match args.stripe_size {
+        Some(size) => u32::try_from(size).map_err(|_| usage("--stripe-size is at most 16M"))?,
+        None if is_dir => current.chunk_bytes,
+        None => CHUNK_BYTES_DEFAULT,
+    };
+    let policy = LayoutPolicy {
+        pool: args.pool.unwrap_or(current.pool),
+        chunk_bytes,
+        stripe_count: args.stripe_count.unwrap_or(current.stripe_count),
+    };
+    // SAFETY: getuid/getgid have no preconditions.
+    let caller = Caller {
+        uid: unsafe { libc::getuid() },
+        gid: unsafe { libc::getgid() },
+        groups: Vec::new(),
+    };
+    let result = if is_dir {
+        node.client.set_layout_policy(&caller, ino, policy)
+    } else {
+        node.client.set_file_layout(&caller, ino, policy)
+    };
+    result.map_err(|e| match e {
+        FsStatus::Invalid => usage("invalid layout: the stripe size must be a power of two from 64K to 16M, the count at most 256"),
+        FsStatus::Busy | FsStatus::Exists => anyhow::anyhow!("{} already has data: its layout is fixed (copy it to a new file instead)", args.path.display()),
+        other => anyhow::anyhow!("setstripe {}: {other}", args.path.display()),
+    })
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TargetCommand {
+    /// Mark one drive of a running target failed: the target goes degraded and keeps serving.
+    FailDrive(FailDriveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FailDriveArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The target (as `stria df` lists it, without the `t`).
+    #[arg(long)]
+    pub target: u32,
+    /// The drive's slot in the target's array.
+    #[arg(long)]
+    pub slot: u32,
+}
+
+pub fn target(command: TargetCommand) -> Result<()> {
+    match command {
+        TargetCommand::FailDrive(args) => {
+            let node = NodeClient::connect(&args.node)?;
+            let info =
+                node.client.fail_drive(TargetId(args.target), args.slot).map_err(|e| match e {
+                    FsStatus::Stale => {
+                        usage(format!("no target {} on this node (see `stria df`)", args.target))
+                    }
+                    FsStatus::Busy => anyhow::anyhow!(
+                        "refused: failing slot {} would lose data or the slot does not exist",
+                        args.slot
+                    ),
+                    other => anyhow::anyhow!("fail-drive: {other}"),
+                })?;
+            println!(
+                "target {} slot {} failed; target is now {}",
+                info.target, args.slot, info.state
+            );
+            Ok(())
+        }
+    }
+}

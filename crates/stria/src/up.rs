@@ -1,0 +1,362 @@
+//! `stria up`: every role of a node in one process, on drive files under one data directory.
+//!
+//! The first run creates sparse drive files, one RAID array per target, a chunk engine on
+//! each, and an empty file system; later runs reassemble what the directory holds. The roles
+//! talk to each other through the same RPC a cluster uses, on loopback.
+//!
+//! Data directory:
+//! ```text
+//! DATA/node.json              what the node is made of (targets, levels, drive files)
+//! DATA/drives/tT-dI.img       drive I of target T (sparse files)
+//! DATA/targets/T/             target T's chunk map
+//! DATA/meta/namespace.redb    the namespace
+//! DATA/logs/stria.log         the log
+//! DATA/run.json               addresses of the running node (removed at a clean stop)
+//! DATA/mnt                    the default mount point
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use stria_engine::Engine;
+use stria_io::file::{DriveOptions, create_drive_file};
+use stria_proto::fs::{LayoutPolicy, TargetId};
+use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
+use stria_storage::{StorageService, Target};
+
+use crate::units::{format_bytes, parse_size};
+use crate::{interrupt, raid_cmd, usage};
+
+/// Arguments of `stria up`. The shape options apply when the node is created; a later run
+/// reassembles what the data directory holds and says so if they differ.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Data directory: drive files, metadata, logs (created on the first run).
+    #[arg(long, default_value = "stria-data")]
+    pub data: PathBuf,
+    /// Drive files per target [first run; default 4].
+    #[arg(long)]
+    pub drives: Option<usize>,
+    /// Size of each (sparse) drive file, e.g. 8G [first run; default 8G].
+    #[arg(long, value_parser = parse_size)]
+    pub drive_size: Option<u64>,
+    /// RAID level of each target: 0, 1, 10, 5 or 6 [first run; default 5, or 1 with 2 drives].
+    #[arg(long, value_parser = parse_level)]
+    pub raid: Option<Level>,
+    /// Number of targets (RAID arrays) files are striped over [first run; default 1].
+    #[arg(long)]
+    pub targets: Option<usize>,
+    /// RAID stripe unit, 4K..1M [first run; default 128K].
+    #[arg(long, value_parser = parse_size)]
+    pub stripe_unit: Option<u64>,
+    /// Where to mount the file system [default: DATA/mnt].
+    #[arg(long)]
+    pub mount: Option<PathBuf>,
+    /// Do not mount; serve the native API only.
+    #[arg(long)]
+    pub no_mount: bool,
+    /// Address of the metadata service (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7411")]
+    pub meta_listen: SocketAddr,
+    /// Address of the storage service (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7412")]
+    pub storage_listen: SocketAddr,
+}
+
+fn parse_level(text: &str) -> Result<Level, String> {
+    let text = text.trim_start_matches("raid");
+    text.parse()
+}
+
+const NODE_FORMAT: u32 = 1;
+const DRIVES_DEFAULT: usize = 4;
+const DRIVE_BYTES_DEFAULT: u64 = 8 << 30;
+const STRIPE_UNIT_DEFAULT: u64 = 128 << 10;
+
+/// `DATA/node.json`: what the node is made of.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct NodeRecord {
+    pub format: u32,
+    pub targets: Vec<TargetRecord>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct TargetRecord {
+    pub id: u32,
+    pub pool: String,
+    pub level: String,
+    /// Drive files, relative to the data directory.
+    pub drives: Vec<PathBuf>,
+}
+
+/// `DATA/run.json`: where a running node listens, for the other commands.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct RunRecord {
+    pub pid: u32,
+    pub meta: SocketAddr,
+    pub storage: SocketAddr,
+    pub mount: Option<PathBuf>,
+}
+
+impl RunRecord {
+    /// Reads the record of the node running on `data`.
+    pub fn load(data: &Path) -> Result<RunRecord> {
+        let path = data.join("run.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "no node is running on {} (no {}): start one with `stria up`",
+                data.display(),
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("{} is damaged", path.display()))
+    }
+}
+
+pub fn run(args: UpArgs) -> Result<()> {
+    let data = absolute(&args.data)?;
+    std::fs::create_dir_all(data.join("logs"))
+        .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+    let log_path = data.join("logs/stria.log");
+    crate::init_file_logging(&log_path)?;
+    interrupt::install();
+
+    let node = load_or_create_node(&data, &args)?;
+    let mut targets = Vec::new();
+    for record in &node.targets {
+        targets.push(open_target(&data, record)?);
+    }
+    let pool_targets: Vec<TargetId> = targets.iter().map(|t| t.id).collect();
+    let storage = StorageService::new(targets);
+
+    std::fs::create_dir_all(data.join("meta"))?;
+    let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
+        .max_blocking_threads(64)
+        .thread_name("stria-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    let services = runtime.block_on(crate::node::serve(
+        args.meta_listen,
+        args.storage_listen,
+        meta.clone(),
+        storage.clone(),
+    ))?;
+    let client = stria_client::Client::new(
+        runtime.handle().clone(),
+        stria_client::ClientConfig::new(
+            services.meta_addr,
+            pool_targets.iter().map(|t| (*t, services.storage_addr)).collect(),
+        ),
+    );
+
+    let mount_point = if args.no_mount {
+        None
+    } else {
+        Some(args.mount.clone().map(|m| absolute(&m)).transpose()?.unwrap_or(data.join("mnt")))
+    };
+    let mount = match &mount_point {
+        Some(path) => match mount_fs(client.clone(), path) {
+            Ok(mount) => Some(mount),
+            Err(reason) => {
+                eprintln!("warning: not mounted: {reason:#}");
+                eprintln!("         the native API keeps serving (meta {})", services.meta_addr);
+                None
+            }
+        },
+        None => None,
+    };
+    let run = RunRecord {
+        pid: std::process::id(),
+        meta: services.meta_addr,
+        storage: services.storage_addr,
+        mount: mount.as_ref().and(mount_point.clone()),
+    };
+    std::fs::write(data.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
+
+    print_banner(&data, &node, &storage, &run, &log_path);
+    while !interrupt::requested() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stopping: unmounting and syncing");
+    let mut result = Ok(());
+    if let Some(mount) = mount {
+        if let Err(e) = mount.unmount() {
+            result = Err(anyhow::anyhow!("unmount failed: {e}"));
+        }
+    }
+    drop(client);
+    runtime.block_on(services.shutdown());
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    meta.sync().context("syncing the namespace")?;
+    storage.sync_all().context("syncing the targets")?;
+    let _ = std::fs::remove_file(data.join("run.json"));
+    eprintln!("stopped cleanly");
+    result
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    Ok(std::env::current_dir().context("cannot read the current directory")?.join(path))
+}
+
+fn load_or_create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
+    let record_path = data.join("node.json");
+    if record_path.exists() {
+        let text = std::fs::read_to_string(&record_path)?;
+        let node: NodeRecord = serde_json::from_str(&text)
+            .with_context(|| format!("{} is damaged", record_path.display()))?;
+        if node.format != NODE_FORMAT {
+            bail!(
+                "{} has format {}, this stria reads {NODE_FORMAT}",
+                record_path.display(),
+                node.format
+            );
+        }
+        if args.drives.is_some()
+            || args.raid.is_some()
+            || args.targets.is_some()
+            || args.drive_size.is_some()
+            || args.stripe_unit.is_some()
+        {
+            eprintln!(
+                "note: {} already holds a node; its shape is kept (the shape options apply when creating)",
+                data.display()
+            );
+        }
+        return Ok(node);
+    }
+    create_node(data, args)
+}
+
+fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
+    let drives = args.drives.unwrap_or(DRIVES_DEFAULT);
+    let level = args.raid.unwrap_or(if drives == 2 { Level::Raid1 } else { Level::Raid5 });
+    let targets = args.targets.unwrap_or(1);
+    let drive_bytes = args.drive_size.unwrap_or(DRIVE_BYTES_DEFAULT);
+    let stripe_unit = args.stripe_unit.unwrap_or(STRIPE_UNIT_DEFAULT);
+    if targets == 0 || targets > 64 {
+        return Err(usage("--targets must be between 1 and 64"));
+    }
+    let stripe_unit_bytes =
+        u32::try_from(stripe_unit).map_err(|_| usage("--stripe-unit must be at most 1M"))?;
+    std::fs::create_dir_all(data.join("drives"))?;
+    let mut records = Vec::new();
+    for t in 1..=targets as u32 {
+        let paths: Vec<PathBuf> =
+            (0..drives).map(|i| PathBuf::from(format!("drives/t{t}-d{i}.img"))).collect();
+        let full: Vec<PathBuf> = paths.iter().map(|p| data.join(p)).collect();
+        for path in &full {
+            create_drive_file(path, drive_bytes)
+                .with_context(|| format!("creating drive file {}", path.display()))?;
+        }
+        let devs = raid_cmd::open_drives(&full, &DriveOptions::default())?;
+        let config = ArrayConfig { level, stripe_unit_bytes, rated_tbw: 0, journal_bytes: None };
+        let array = Array::create(devs, &config, &CreateOptions::default())
+            .map_err(|e| usage(format!("cannot create target {t}: {e}")))?;
+        let dir = data.join(format!("targets/{t}"));
+        std::fs::create_dir_all(&dir)?;
+        let engine = Engine::create(Arc::new(array), &dir, TargetId(t))
+            .with_context(|| format!("creating target {t}'s chunk engine"))?;
+        engine.sync()?;
+        drop(engine);
+        records.push(TargetRecord {
+            id: t,
+            pool: LayoutPolicy::default().pool,
+            level: format!("{level}"),
+            drives: paths,
+        });
+    }
+    let node = NodeRecord { format: NODE_FORMAT, targets: records };
+    // Written last: a node.json means the node was created completely.
+    let tmp = data.join("node.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&node)?)?;
+    std::fs::rename(&tmp, data.join("node.json"))?;
+    Ok(node)
+}
+
+fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
+    let paths: Vec<PathBuf> = record.drives.iter().map(|p| data.join(p)).collect();
+    let array = Arc::new(
+        raid_cmd::assemble(&paths).with_context(|| format!("assembling target {}", record.id))?,
+    );
+    let engine = Engine::open(array.clone(), &data.join(format!("targets/{}", record.id)))
+        .with_context(|| format!("opening target {}'s chunk engine", record.id))?;
+    Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
+}
+
+fn mount_fs(client: stria_client::Client, path: &Path) -> Result<stria_fuse::Mount> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!(
+            "/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device (--device /dev/fuse)"
+        );
+    }
+    clear_stale_mount(path);
+    std::fs::create_dir_all(path)
+        .with_context(|| format!("cannot create the mount point {}", path.display()))?;
+    stria_fuse::mount(client, path, &stria_fuse::MountOptions::default()).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            " (mounting needs root, or fusermount3 from the fuse3 package for other users)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("cannot mount at {}: {e}{hint}", path.display())
+    })
+}
+
+/// A node killed with -9 leaves its mount behind ("transport endpoint is not connected");
+/// detach it so the new node can mount in its place.
+fn clear_stale_mount(path: &Path) {
+    if let Err(e) = std::fs::metadata(path)
+        && e.raw_os_error() == Some(libc::ENOTCONN)
+    {
+        let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+            return;
+        };
+        // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+        let rc = unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) };
+        if rc == 0 {
+            eprintln!("note: detached the stale mount left at {}", path.display());
+        }
+    }
+}
+
+fn print_banner(
+    data: &Path,
+    node: &NodeRecord,
+    storage: &StorageService,
+    run: &RunRecord,
+    log_path: &Path,
+) {
+    println!("stria is up");
+    match &run.mount {
+        Some(mount) => println!("  mount    {}", mount.display()),
+        None => println!("  mount    (none)"),
+    }
+    println!("  data     {}", data.display());
+    for target in storage.targets() {
+        let record = node.targets.iter().find(|r| r.id == target.id.0);
+        let space = target.engine.space();
+        println!(
+            "  target   {} {} over {} drives, {} usable, {}",
+            target.id,
+            record.map_or("?", |r| r.level.as_str()),
+            record.map_or(0, |r| r.drives.len()),
+            format_bytes(space.total_bytes),
+            target.info().state
+        );
+    }
+    println!("  logs     {}", log_path.display());
+    println!("  meta     {}   storage {}", run.meta, run.storage);
+    println!("Ctrl-C or SIGTERM stops the node and unmounts cleanly.");
+}

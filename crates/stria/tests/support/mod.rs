@@ -1,0 +1,2 @@
+pub mod node;
+pub mod posix_table;

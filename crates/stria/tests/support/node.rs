@@ -1,0 +1,169 @@
+//! Runs `stria up` as a child process for end-to-end tests: a real node, a real FUSE mount.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const STRIA: &str = env!("CARGO_BIN_EXE_stria");
+
+/// A scratch directory on a disk file system (O_DIRECT and io_uring do real I/O there).
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new("/var/tmp").join(format!("stria-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// The tests need FUSE: say exactly what is missing instead of skipping.
+pub fn require_fuse() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "these tests mount a real FUSE file system: /dev/fuse is missing (load the fuse module)"
+    );
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests mount FUSE and switch users: run as root"
+    );
+}
+
+pub struct Node {
+    child: Option<Child>,
+    pub data: PathBuf,
+    pub mount: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl Node {
+    /// Starts `stria up` on `data` with free ports and small drives, plus `extra` arguments,
+    /// and waits until the mount answers.
+    pub fn start(data: &Path, extra: &[&str]) -> Node {
+        let mount = data.join("mnt");
+        let mut args: Vec<String> = vec![
+            "up".into(),
+            "--data".into(),
+            data.display().to_string(),
+            "--meta-listen".into(),
+            "127.0.0.1:0".into(),
+            "--storage-listen".into(),
+            "127.0.0.1:0".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut node = Node { child: None, data: data.to_path_buf(), mount, args };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let _ = std::fs::remove_file(self.data.join("run.json"));
+        std::fs::create_dir_all(&self.data).expect("data dir");
+        let out = std::fs::File::create(self.data.join("up.stdout")).expect("stdout file");
+        let err = std::fs::File::create(self.data.join("up.stderr")).expect("stderr file");
+        let child = Command::new(STRIA)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn stria up");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("stria up exited early with {status}: {}", self.stderr());
+            }
+            if self.data.join("run.json").exists() && is_mounted(&self.mount) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "stria up not ready after 120 s: {}", self.stderr());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.data.join("up.stderr")).unwrap_or_default()
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.data.join("up.stdout")).unwrap_or_default()
+    }
+
+    /// Stops the node with SIGTERM and checks it unmounted and exited cleanly.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("node running");
+        // SAFETY: kill with a valid pid and signal.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = wait_timeout(&mut child, Duration::from_secs(60));
+        assert!(status.success(), "stria up exited with {status} after SIGTERM: {}", self.stderr());
+        assert!(!is_mounted(&self.mount), "the mount is still there after a clean stop");
+        assert!(self.stderr().contains("stopped cleanly"), "no clean stop: {}", self.stderr());
+    }
+
+    /// Kills the node with SIGKILL (a crash); the mount is left dead.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("node running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    /// Starts the node again on the same data directory.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the node first");
+        self.spawn();
+    }
+
+    /// Runs a `stria` subcommand against this node's data directory.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(STRIA).args(args).arg("--data").arg(&self.data).output().expect("run stria")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if is_mounted(&self.mount) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("stria up did not stop within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let want = path.display().to_string();
+    mounts.lines().any(|line| line.split_whitespace().nth(1) == Some(want.as_str()))
+}
+
+/// Deterministic bytes for (seed, offset): lets a verifier recompute any range.
+pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| {
+            let x = (seed ^ (offset + i).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            (x >> 56) as u8
+        })
+        .collect()
+}
