@@ -129,36 +129,44 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
 /// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
 /// metadata service switches the file over, so a crash in between keeps the inline copy.
 async fn spill(inner: &Inner, inode: &InodeData) -> FsResult<FileLayout> {
+    let layout = spill_ino(inner, inode.ino).await?;
+    inode.state().layout = Some(layout.clone());
+    Ok(layout)
+}
+
+/// Makes sure a regular file is chunked (a truncate past the inline limit needs that).
+pub(crate) async fn ensure_chunked(inner: &Inner, ino: Ino) -> FsResult<()> {
+    let layout = spill_ino(inner, ino).await?;
+    if let Some(inode) = inner.files.inode(ino) {
+        inode.state().layout = Some(layout);
+    }
+    Ok(())
+}
+
+async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
     const ATTEMPTS: usize = 3;
     for _ in 0..ATTEMPTS {
-        let reply = inner.meta.call(MetaRequest::Spill { ino: inode.ino }).await?;
+        let reply = inner.meta.call(MetaRequest::Spill { ino }).await?;
         let (layout, data, version) = match reply {
             MetaReply::Spilled { layout, data, version } => (layout, data, version),
             // Already chunked (another client spilled it first).
-            MetaReply::Attr(attr) => {
-                let layout = attr.layout.ok_or(FsStatus::Io)?;
-                inode.state().layout = Some(layout.clone());
-                return Ok(layout);
-            }
+            MetaReply::Attr(attr) => return attr.layout.ok_or(FsStatus::Io),
             other => return Err(unexpected(&other)),
         };
         if !data.is_empty() {
             let data = Bytes::from(data);
             let request = ChunkWrite {
                 target: layout.target_of(0),
-                chunk: chunk_id(inode.ino, 0),
+                chunk: chunk_id(ino, 0),
                 offset: 0,
                 crc: crc32c::crc32c(&data),
                 sync: true,
             };
             inner.storage.chunk_write(request, data).await?;
         }
-        let commit = MetaRequest::SpillCommit { ino: inode.ino, layout: layout.clone(), version };
+        let commit = MetaRequest::SpillCommit { ino, layout: layout.clone(), version };
         match inner.meta.call(commit).await {
-            Ok(_) => {
-                inode.state().layout = Some(layout.clone());
-                return Ok(layout);
-            }
+            Ok(_) => return Ok(layout),
             // The inline bytes changed meanwhile: plan again.
             Err(FsStatus::Unavailable) => continue,
             Err(error) => return Err(error),

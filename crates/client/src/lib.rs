@@ -112,6 +112,12 @@ impl Client {
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> FsResult<Attr> {
         if let Some(size) = set.size {
             self.block(data::drain(&self.inner, ino))?;
+            if size > stria_proto::fs::INLINE_DATA_MAX as u64 {
+                let attr = self.getattr(ino)?;
+                if attr.kind == FileKind::File && attr.layout.is_none() {
+                    self.block(data::ensure_chunked(&self.inner, ino))?;
+                }
+            }
             self.inner.files.before_truncate(ino, size);
         }
         let truncating = set.size.is_some();

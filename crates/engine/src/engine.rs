@@ -517,16 +517,29 @@ impl Engine {
 
     /// The chunks of `object` on this target: (chunk index, length in bytes), by index.
     pub fn list_chunks(&self, object: ObjectId) -> Result<Vec<(u64, u32)>, EngineError> {
+        let chunks = self.chunks_in((object.0, 0)..=(object.0, u64::MAX))?;
+        Ok(chunks.into_iter().map(|(chunk, len)| (chunk.index, len)).collect())
+    }
+
+    /// Every chunk on the target with its length, in (object, index) order (for `fsck`).
+    pub fn all_chunks(&self) -> Result<Vec<(ChunkId, u32)>, EngineError> {
+        self.chunks_in((0, 0)..=(u64::MAX, u64::MAX))
+    }
+
+    fn chunks_in(
+        &self,
+        range: std::ops::RangeInclusive<(u64, u64)>,
+    ) -> Result<Vec<(ChunkId, u32)>, EngineError> {
         let tx = self.db.begin_read()?;
         let table = tx.open_table(CHUNKS)?;
         let mut out = Vec::new();
-        for entry in table.range((object.0, 0)..=(object.0, u64::MAX))? {
+        for entry in table.range(range)? {
             let (k, v) = entry?;
-            let (_, index) = k.value();
-            let rec = ChunkRecord::decode(v.value()).map_err(|e| {
-                EngineError::MapCorrupt(format!("chunk {}: {e}", ChunkId { object, index }))
-            })?;
-            out.push((index, rec.len_bytes));
+            let (object, index) = k.value();
+            let chunk = ChunkId { object: ObjectId(object), index };
+            let rec = ChunkRecord::decode(v.value())
+                .map_err(|e| EngineError::MapCorrupt(format!("chunk {chunk}: {e}")))?;
+            out.push((chunk, rec.len_bytes));
         }
         Ok(out)
     }

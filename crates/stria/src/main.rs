@@ -6,6 +6,7 @@
 //! `stria-io`, and every command here is a thin, careful driver of their public API.
 
 mod fs_cmd;
+mod fsck;
 mod interrupt;
 mod node;
 mod raid_bench;
@@ -50,6 +51,8 @@ enum Command {
     /// Set the default layout of a directory, or the layout of a new or empty file, as
     /// Lustre's `lfs setstripe`.
     Setstripe(fs_cmd::SetStripeArgs),
+    /// Check a stopped node: namespace, chunks and RAID redundancy.
+    Fsck(fsck::FsckArgs),
     /// Administer the targets of a running node.
     #[command(subcommand)]
     Target(fs_cmd::TargetCommand),
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Command::Getstripe(args) => fs_cmd::getstripe(args),
         Command::Setstripe(args) => fs_cmd::setstripe(args),
         Command::Target(command) => fs_cmd::target(command),
+        Command::Fsck(args) => fsck::run(args),
         Command::Raid(args) => raid_cmd::run(args),
     };
     match result {

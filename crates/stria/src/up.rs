@@ -103,6 +103,26 @@ pub struct RunRecord {
     pub mount: Option<PathBuf>,
 }
 
+impl NodeRecord {
+    /// Reads `DATA/node.json`.
+    pub fn load(data: &Path) -> Result<NodeRecord> {
+        let path = data.join("node.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "{} holds no node (no {}): create one with `stria up`",
+                data.display(),
+                path.display()
+            )
+        })?;
+        let node: NodeRecord = serde_json::from_str(&text)
+            .with_context(|| format!("{} is damaged", path.display()))?;
+        if node.format != NODE_FORMAT {
+            bail!("{} has format {}, this stria reads {NODE_FORMAT}", path.display(), node.format);
+        }
+        Ok(node)
+    }
+}
+
 impl RunRecord {
     /// Reads the record of the node running on `data`.
     pub fn load(data: &Path) -> Result<RunRecord> {
@@ -136,6 +156,7 @@ pub fn run(args: UpArgs) -> Result<()> {
 
     std::fs::create_dir_all(data.join("meta"))?;
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
+    purge_orphans(&meta, &storage)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
@@ -201,6 +222,22 @@ pub fn run(args: UpArgs) -> Result<()> {
     let _ = std::fs::remove_file(data.join("run.json"));
     eprintln!("stopped cleanly");
     result
+}
+
+/// Files unlinked while open when the node last stopped (or crashed) lose their chunks now.
+fn purge_orphans(meta: &stria_meta::Meta, storage: &StorageService) -> Result<()> {
+    let purged = stria_meta::service::orphans_to_purge(meta).context("purging unlinked files")?;
+    for purge in &purged {
+        let Some(layout) = &purge.layout else { continue };
+        let object = stria_proto::fs::ObjectId(purge.ino);
+        for target in storage.targets().filter(|t| layout.targets.contains(&t.id)) {
+            target.engine.remove_object(object).context("removing an unlinked file's chunks")?;
+        }
+    }
+    if !purged.is_empty() {
+        tracing::info!(files = purged.len(), "purged files unlinked while open");
+    }
+    Ok(())
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -285,11 +322,21 @@ fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
     Ok(node)
 }
 
-fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
+pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
     let paths: Vec<PathBuf> = record.drives.iter().map(|p| data.join(p)).collect();
-    let array = Arc::new(
-        raid_cmd::assemble(&paths).with_context(|| format!("assembling target {}", record.id))?,
-    );
+    // A node that was just killed holds its drive locks until the kernel has torn down its
+    // io_uring instances, a moment after the process is gone: wait for them a little.
+    let mut attempts = 0;
+    let array = loop {
+        match raid_cmd::assemble(&paths) {
+            Ok(array) => break Arc::new(array),
+            Err(e) if attempts < 100 && format!("{e:#}").contains("in use by another") => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e.context(format!("assembling target {}", record.id))),
+        }
+    };
     let engine = Engine::open(array.clone(), &data.join(format!("targets/{}", record.id)))
         .with_context(|| format!("opening target {}'s chunk engine", record.id))?;
     Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
@@ -301,10 +348,19 @@ fn mount_fs(client: stria_client::Client, path: &Path) -> Result<stria_fuse::Mou
             "/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device (--device /dev/fuse)"
         );
     }
-    clear_stale_mount(path);
+    clear_stale_mount(path, false);
     std::fs::create_dir_all(path)
         .with_context(|| format!("cannot create the mount point {}", path.display()))?;
-    stria_fuse::mount(client, path, &stria_fuse::MountOptions::default()).map_err(|e| {
+    let mut mounted = stria_fuse::mount(client.clone(), path, &stria_fuse::MountOptions::default());
+    if let Err(e) = &mounted
+        && e.raw_os_error() == Some(libc::ENOTCONN)
+    {
+        // The dead mount of a killed node was still being torn down a moment ago.
+        clear_stale_mount(path, true);
+        std::thread::sleep(Duration::from_millis(200));
+        mounted = stria_fuse::mount(client, path, &stria_fuse::MountOptions::default());
+    }
+    mounted.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
             " (mounting needs root, or fusermount3 from the fuse3 package for other users)"
         } else {
@@ -316,10 +372,16 @@ fn mount_fs(client: stria_client::Client, path: &Path) -> Result<stria_fuse::Mou
 
 /// A node killed with -9 leaves its mount behind ("transport endpoint is not connected");
 /// detach it so the new node can mount in its place.
-fn clear_stale_mount(path: &Path) {
-    if let Err(e) = std::fs::metadata(path)
-        && e.raw_os_error() == Some(libc::ENOTCONN)
-    {
+fn clear_stale_mount(path: &Path, known_dead: bool) {
+    let listed = std::fs::read_to_string("/proc/self/mounts").is_ok_and(|mounts| {
+        let want = path.display().to_string();
+        mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+    });
+    // The kernel may answer a stat from cached attributes: `known_dead` says the mount itself
+    // failed with "not connected".
+    let dead = known_dead
+        || matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    if listed && dead {
         let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
             return;
         };

@@ -1,0 +1,224 @@
+//! `stria fsck`: checks a stopped node end to end. The namespace (every name leads to an
+//! inode, link counts match the names), the chunks (each belongs to a live file, sits on the
+//! target its layout names, lies inside the file's size and reads back with valid checksums),
+//! and every target's RAID redundancy (a read-only check).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use stria_meta::{Caller, FileKind, Meta};
+use stria_proto::fs::{FileLayout, Ino, ROOT_INO, TargetId};
+
+use crate::up::{NodeRecord, RunRecord, open_target};
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    /// The data directory of the node (it must be stopped).
+    #[arg(long, default_value = "stria-data")]
+    pub data: PathBuf,
+    /// Skip the RAID redundancy check (reads every drive in full).
+    #[arg(long)]
+    pub skip_raid: bool,
+    /// Free stray chunks (left by writes a crash interrupted before the metadata recorded
+    /// them); without it they are only counted.
+    #[arg(long)]
+    pub repair: bool,
+}
+
+/// What fsck knows of one inode from the namespace walk.
+struct Seen {
+    kind: FileKind,
+    nlink: u32,
+    names: u32,
+    subdirs: u32,
+    size: u64,
+    layout: Option<FileLayout>,
+}
+
+pub fn run(args: FsckArgs) -> Result<()> {
+    if let Ok(run) = RunRecord::load(&args.data) {
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        if unsafe { libc::kill(run.pid as i32, 0) } == 0 {
+            bail!(
+                "the node is running (pid {}): stop it first, fsck checks a stopped node",
+                run.pid
+            );
+        }
+    }
+    let node = NodeRecord::load(&args.data)?;
+    let mut problems: Vec<String> = Vec::new();
+    let targets: Vec<_> =
+        node.targets.iter().map(|record| open_target(&args.data, record)).collect::<Result<_>>()?;
+    let ids: Vec<TargetId> = targets.iter().map(|t| t.id).collect();
+    let meta = crate::node::open_meta(&args.data.join("meta/namespace.redb"), &ids)?;
+
+    let seen = walk_namespace(&meta, &mut problems)?;
+    let orphans: BTreeSet<Ino> = meta.orphans().context("listing orphans")?.into_iter().collect();
+    let files = seen.values().filter(|s| s.kind == FileKind::File).count();
+    for (ino, s) in &seen {
+        let want = if s.kind == FileKind::Dir { 2 + s.subdirs } else { s.names };
+        if s.nlink != want {
+            problems.push(format!("inode {ino}: link count {} but {want} found", s.nlink));
+        }
+    }
+
+    let mut chunks = 0u64;
+    let mut strays = 0u64;
+    let mut chunk_bytes = 0u64;
+    for target in &targets {
+        let all = target
+            .engine
+            .all_chunks()
+            .with_context(|| format!("listing {}'s chunks", target.id))?;
+        for (chunk, len) in all {
+            chunks += 1;
+            chunk_bytes += len as u64;
+            let ino = chunk.object.0;
+            // Strays: a crash can leave chunks whose metadata never became durable (a create,
+            // a spill of an inline file, a size). Nothing reads them; they only take space.
+            let stray = match seen.get(&ino) {
+                None => !orphans.contains(&ino),
+                Some(file) => {
+                    file.layout.is_none()
+                        || file
+                            .layout
+                            .as_ref()
+                            .is_some_and(|l| chunk.index * l.chunk_bytes as u64 >= file.size)
+                }
+            };
+            if stray {
+                strays += 1;
+                if args.repair {
+                    target
+                        .engine
+                        .remove(chunk)
+                        .with_context(|| format!("freeing stray chunk {chunk}"))?;
+                }
+                continue;
+            }
+            let Some(layout) = seen.get(&ino).and_then(|f| f.layout.as_ref()) else {
+                continue;
+            };
+            if layout.target_of(chunk.index) != target.id {
+                problems.push(format!(
+                    "{}: chunk {chunk} is on the wrong target (layout says {})",
+                    target.id,
+                    layout.target_of(chunk.index)
+                ));
+            }
+            if let Err(e) = target.engine.read(chunk, 0, len) {
+                problems.push(format!("{}: chunk {chunk} does not read back: {e}", target.id));
+            }
+        }
+    }
+    if !args.skip_raid {
+        let stop = AtomicBool::new(false);
+        for target in &targets {
+            let report = target
+                .array
+                .scrub(false, None, &stop, &mut |_, _| {})
+                .with_context(|| format!("checking {}'s RAID redundancy", target.id))?;
+            if report.checksum_errors + report.parity_mismatches + report.unrecoverable_blocks > 0 {
+                problems.push(format!(
+                    "{}: RAID check found {} checksum errors, {} parity mismatches, {} unrecoverable blocks",
+                    target.id, report.checksum_errors, report.parity_mismatches, report.unrecoverable_blocks
+                ));
+            }
+        }
+    }
+    println!(
+        "checked {} inodes ({files} files), {chunks} chunks ({} bytes) on {} targets",
+        seen.len(),
+        chunk_bytes,
+        node.targets.len()
+    );
+    if strays > 0 {
+        let what = if args.repair { "freed" } else { "found (free them with --repair)" };
+        println!(
+            "note: {strays} stray chunks from writes a crash interrupted {what}; nothing reads them"
+        );
+    }
+    if args.repair {
+        for target in &targets {
+            target.engine.sync().context("syncing the repaired targets")?;
+        }
+    }
+    drop(targets);
+    if problems.is_empty() {
+        println!("fsck: clean");
+        return Ok(());
+    }
+    for p in &problems {
+        println!("problem: {p}");
+    }
+    bail!("fsck found {} problems", problems.len())
+}
+
+fn walk_namespace(meta: &Meta, problems: &mut Vec<String>) -> Result<BTreeMap<Ino, Seen>> {
+    let root = Caller::root();
+    let mut seen: BTreeMap<Ino, Seen> = BTreeMap::new();
+    let mut stack = vec![ROOT_INO];
+    let attr = meta.getattr(ROOT_INO).context("reading the root directory")?;
+    seen.insert(
+        ROOT_INO,
+        Seen { kind: attr.kind, nlink: attr.nlink, names: 1, subdirs: 0, size: 0, layout: None },
+    );
+    while let Some(dir) = stack.pop() {
+        let mut cookie = 0;
+        loop {
+            let entries = meta
+                .readdir(dir, cookie, 4096, &root)
+                .with_context(|| format!("listing directory {dir}"))?;
+            let Some(last) = entries.last() else { break };
+            cookie = last.next_cookie;
+            for entry in entries {
+                if let Some(s) = seen.get_mut(&entry.ino) {
+                    s.names += 1;
+                    if s.kind == FileKind::Dir {
+                        problems.push(format!("directory {} has more than one name", entry.ino));
+                    }
+                    continue;
+                }
+                let attr = match meta.getattr(entry.ino) {
+                    Ok(attr) => attr,
+                    Err(e) => {
+                        problems.push(format!(
+                            "entry {:?} in directory {dir} leads nowhere: {e}",
+                            String::from_utf8_lossy(&entry.name)
+                        ));
+                        continue;
+                    }
+                };
+                if attr.kind != entry.kind {
+                    problems.push(format!(
+                        "entry {:?} in directory {dir}: kind differs from its inode",
+                        String::from_utf8_lossy(&entry.name)
+                    ));
+                }
+                let layout =
+                    if attr.kind == FileKind::File { meta.file_layout(entry.ino)? } else { None };
+                if attr.kind == FileKind::Dir {
+                    stack.push(entry.ino);
+                    if let Some(parent) = seen.get_mut(&dir) {
+                        parent.subdirs += 1;
+                    }
+                }
+                seen.insert(
+                    entry.ino,
+                    Seen {
+                        kind: attr.kind,
+                        nlink: attr.nlink,
+                        names: 1,
+                        subdirs: 0,
+                        size: attr.size,
+                        layout,
+                    },
+                );
+            }
+        }
+    }
+    Ok(seen)
+}
