@@ -45,8 +45,8 @@ pub struct ArrayConfig {
 /// Options for [`Array::create`].
 #[derive(Clone, Debug, Default)]
 pub struct CreateOptions {
-    /// Do not discard (nor check) the data area at creation. Only for tests on memory devices
-    /// that start zeroed.
+    /// Do not discard (nor check) the data area at creation: for devices known to read as
+    /// zeros already (memory devices in tests, drive files created sparse just before).
     pub skip_discard: bool,
 }
 

@@ -299,7 +299,10 @@ fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
         }
         let devs = raid_cmd::open_drives(&full, &DriveOptions::default())?;
         let config = ArrayConfig { level, stripe_unit_bytes, rated_tbw: 0, journal_bytes: None };
-        let array = Array::create(devs, &config, &CreateOptions::default())
+        // The drive files were created sparse a moment ago, so they read as zeros already:
+        // no discard, and no pass over them to prove it.
+        let fresh = CreateOptions { skip_discard: true };
+        let array = Array::create(devs, &config, &fresh)
             .map_err(|e| usage(format!("cannot create target {t}: {e}")))?;
         let dir = data.join(format!("targets/{t}"));
         std::fs::create_dir_all(&dir)?;

@@ -238,3 +238,54 @@ fn a_failed_drive_under_the_mount_is_invisible_to_applications() {
     node.stop();
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `setstripe` on a directory sets the layout new files inherit; `getstripe` shows it; the
+/// data lands on that many targets, which `df` shows.
+#[test]
+fn setstripe_getstripe_and_df() {
+    require_fuse();
+    let dir = scratch("stripe");
+    let mut node = Node::start(
+        &dir,
+        &["--drives", "3", "--raid", "5", "--drive-size", "128M", "--targets", "3"],
+    );
+    let m = node.mount.clone();
+    fs::create_dir(m.join("wide")).expect("mkdir");
+    let wide = m.join("wide").display().to_string();
+    ok("setstripe", node.cli(&["setstripe", "-c", "2", "-S", "256K", &wide]));
+    let shown = ok("getstripe dir", node.cli(&["getstripe", &wide]));
+    assert!(shown.contains("stripe_count: 2") && shown.contains("stripe_size: 262144"), "{shown}");
+    write_file(&m.join("wide/f"), 7, 4 << 20);
+    let file = m.join("wide/f").display().to_string();
+    let shown = ok("getstripe file", node.cli(&["getstripe", &file]));
+    assert!(shown.contains("stripe_count: 2") && shown.contains("stripe_size: 262144"), "{shown}");
+    let targets_line = shown.lines().find(|l| l.contains("targets:")).expect("targets line");
+    assert_eq!(targets_line.split_whitespace().count(), 3, "{targets_line}");
+    // A small file stays inside its inode.
+    write_file(&m.join("wide/small"), 8, 100);
+    let small = ok(
+        "getstripe small",
+        node.cli(&["getstripe", &m.join("wide/small").display().to_string()]),
+    );
+    assert!(small.contains("inline"), "{small}");
+    // A file given its own layout before it has data.
+    let own = m.join("own").display().to_string();
+    ok("setstripe file", node.cli(&["setstripe", "-c", "1", "-S", "1M", &own]));
+    assert!(ok("getstripe own", node.cli(&["getstripe", &own])).contains("stripe_count: 1"));
+    // A file with data keeps its layout.
+    let refused = node.cli(&["setstripe", "-c", "3", &file]);
+    assert!(!refused.status.success(), "setstripe on a file with data must be refused");
+    let df = ok("df", node.cli(&["df"]));
+    let rows: Vec<&str> = df
+        .lines()
+        .filter(|l| l.starts_with('t') && l.chars().nth(1).is_some_and(|c| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 3, "{df}");
+    // 4 MiB striped over two targets: two rows show use, one shows none.
+    let empty = rows.iter().filter(|r| r.contains(" 0 B ")).count();
+    assert_eq!(empty, 1, "{df}");
+    assert!(df.contains("optimal"), "{df}");
+    check_file(&m.join("wide/f"), 7, 4 << 20);
+    node.stop();
+    let _ = fs::remove_dir_all(&dir);
+}
