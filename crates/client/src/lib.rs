@@ -152,7 +152,36 @@ impl Client {
             mode,
             rdev,
             exclusive,
+            open: false,
         })
+    }
+
+    /// Creates a regular file and opens it, in one round trip (FUSE's create).
+    pub fn create_open(
+        &self,
+        caller: &Caller,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+    ) -> FsResult<(FileHandleId, Attr)> {
+        let request = MetaRequest::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            kind: FileKind::File,
+            mode,
+            rdev: 0,
+            exclusive,
+            open: true,
+        };
+        match self.meta(request)? {
+            MetaReply::Open { attr, .. } => {
+                let fh = self.inner.files.open(&attr);
+                Ok((fh, self.inner.files.overlay(attr)))
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     pub fn mkdir(&self, caller: &Caller, parent: Ino, name: &[u8], mode: u32) -> FsResult<Attr> {

@@ -582,23 +582,11 @@ impl Filesystem for StriaFs {
     ) {
         let caller = self.callers.of(req);
         let exclusive = flags & libc::O_EXCL != 0;
-        let created = Self::kind_of_mode(mode).and_then(|kind| {
-            self.client.create(
-                &caller,
-                parent.0,
-                name_bytes(name),
-                kind,
-                mode & !umask,
-                0,
-                exclusive,
-            )
-        });
-        let attr = match created {
-            Ok(attr) => attr,
-            Err(error) => return reply.error(errno(error)),
-        };
-        // The creator may open what it just created whatever the mode says (open(2) rules).
-        match self.client.open(&stria_proto::wire::Caller::root(), attr.ino, 0) {
+        if let Err(error) = Self::kind_of_mode(mode) {
+            return reply.error(errno(error));
+        }
+        match self.client.create_open(&caller, parent.0, name_bytes(name), mode & !umask, exclusive)
+        {
             Ok((fh, attr)) => reply.created(
                 &self.ttl,
                 &file_attr(&attr),

@@ -199,7 +199,8 @@ impl Meta {
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let mut txn = self.db.begin_write()?;
         if self.options.commit == Commit::Lazy
-            && (self.lazy_commits.fetch_add(1, Ordering::Relaxed) + 1) % LAZY_COMMITS_PER_SYNC != 0
+            && !(self.lazy_commits.fetch_add(1, Ordering::Relaxed) + 1)
+                .is_multiple_of(LAZY_COMMITS_PER_SYNC)
         {
             txn.set_durability(Durability::None)?;
         }

@@ -60,7 +60,7 @@ impl MetaService {
                     old_size: outcome.old_size,
                 }
             }
-            MetaRequest::Create { caller, parent, name, kind, mode, rdev, exclusive } => {
+            MetaRequest::Create { caller, parent, name, kind, mode, rdev, exclusive, open } => {
                 let caller = caller_of(caller);
                 let node = match kind {
                     wire::FileKind::File => NodeKind::File,
@@ -75,13 +75,20 @@ impl MetaService {
                         });
                     }
                 };
-                match meta.mknod(parent, &name, node, mode, &caller) {
-                    Ok(attr) => self.attr(attr)?,
+                let attr = match meta.mknod(parent, &name, node, mode, &caller) {
+                    Ok(attr) => attr,
                     // open(O_CREAT) without O_EXCL opens what is there.
                     Err(MetaError::Fs { status: FsStatus::Exists, .. }) if !exclusive => {
-                        self.attr(meta.lookup(parent, &name, &caller)?)?
+                        meta.lookup(parent, &name, &caller)?
                     }
                     Err(error) => return Err(error),
+                };
+                if open {
+                    // The creator may open what it just created whatever the mode says.
+                    meta.open_file(attr.ino)?;
+                    MetaReply::Open { attr: self.wire_attr(attr)?, inline: None }
+                } else {
+                    self.attr(attr)?
                 }
             }
             MetaRequest::Mkdir { caller, parent, name, mode } => {

@@ -117,7 +117,8 @@ fn rename_matrix() {
     let none = RenameFlags::NONE;
 
     // Errors first: nothing may change.
-    let cases: Vec<(u64, &[u8], u64, &[u8], RenameFlags, FsStatus)> = vec![
+    type Case<'a> = (u64, &'a [u8], u64, &'a [u8], RenameFlags, FsStatus);
+    let cases: Vec<Case> = vec![
         (a.ino, b"missing", b.ino, b"z", none, FsStatus::NotFound),
         (a.ino, b"sub", b.ino, b"f2", none, FsStatus::NotDir),
         (a.ino, b"f1", b.ino, b"empty", none, FsStatus::IsDir),

@@ -208,6 +208,8 @@ pub enum MetaRequest {
         mode: u32,
         rdev: u32,
         exclusive: bool,
+        /// Also open the new file (FUSE's create): the reply is `Open` instead of `Attr`.
+        open: bool,
     },
     Mkdir {
         caller: Caller,
