@@ -196,7 +196,7 @@ impl Filesystem for StriaFs {
         reply: ReplyAttr,
     ) {
         let caller = self.callers.of(req);
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode,
             uid,
             gid,
@@ -204,6 +204,19 @@ impl Filesystem for StriaFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
+        // With default_permissions the kernel refuses explicit times from anyone but the owner
+        // before asking us; with the writeback cache it sends "now" as an explicit time. So an
+        // explicit time from a non-owner is the kernel's stand-in for UTIME_NOW.
+        let explicit =
+            matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
+        if explicit && caller.uid != 0 {
+            if let Ok(attr) = self.client.getattr(ino.0)
+                && attr.uid != caller.uid
+            {
+                set.atime = set.atime.map(|_| TimeSet::Now);
+                set.mtime = set.mtime.map(|_| TimeSet::Now);
+            }
+        }
         match self.client.setattr(&caller, ino.0, set) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
             Err(error) => reply.error(errno(error)),

@@ -55,7 +55,15 @@ impl Meta {
                 return Err(fs(FsStatus::Perm, "chgrp to a group the caller is not in"));
             }
             if let Some(mode) = set.mode {
-                perm::check_owner(&rec, caller)?;
+                // A writer who is not the owner may only drop setuid/setgid: that is the
+                // kernel clearing them on write (FUSE sends it as a chmod from the writer).
+                let only_clears_suid = mode & MODE_BITS == rec.mode & !(S_ISUID | S_ISGID)
+                    && mode & MODE_BITS != rec.mode;
+                if only_clears_suid && !caller.is_root() && caller.uid != rec.uid {
+                    perm::check(&rec, caller, W_OK)?;
+                } else {
+                    perm::check_owner(&rec, caller)?;
+                }
                 let mut mode = mode & MODE_BITS;
                 let gid = set.gid.unwrap_or(rec.gid);
                 if !caller.is_root() && !caller.in_group(gid) {
@@ -119,9 +127,11 @@ impl Meta {
             regular(&rec)?;
             let before = rec.clone();
             let Body::File(FileData::Inline(bytes)) = &mut rec.body else {
+                tx.unchanged = true;
                 return Ok(InlineWrite::Chunked);
             };
             if end > INLINE_DATA_MAX as u64 {
+                tx.unchanged = true;
                 return Ok(InlineWrite::MustSpill);
             }
             let (offset, end) = (offset as usize, end as usize);

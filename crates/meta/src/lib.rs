@@ -204,13 +204,17 @@ impl Meta {
         {
             txn.set_durability(Durability::None)?;
         }
-        let out = {
+        let (out, unchanged) = {
             let mut tx = Tx::open(&txn)?;
             let out = f(&mut tx)?;
             tx.flush_counters()?;
-            out
+            (out, tx.unchanged)
         };
-        txn.commit()?;
+        if unchanged {
+            txn.abort()?;
+        } else {
+            txn.commit()?;
+        }
         Ok(out)
     }
 

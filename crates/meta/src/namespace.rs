@@ -335,9 +335,16 @@ impl Meta {
             }
             None => return Err(fs(FsStatus::Invalid, "release without open")),
         }
+        // Most closes are of files that still have a name: a read decides, no commit needed.
+        if self.read(|rx| Ok(rx.inode(ino).map(|rec| rec.nlink > 0).unwrap_or(true)))? {
+            return Ok(None);
+        }
         self.write(|tx| match crate::store::load_inode(&tx.inodes, ino)? {
             Some(rec) if rec.nlink == 0 => Ok(Some(purge_inode(tx, ino, &rec)?)),
-            _ => Ok(None),
+            _ => {
+                tx.unchanged = true;
+                Ok(None)
+            }
         })
     }
 

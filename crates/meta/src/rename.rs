@@ -41,6 +41,7 @@ impl Meta {
                 return Err(fs(FsStatus::NotFound, "exchange target missing"));
             }
             if parent == new_parent && name == new_name {
+                tx.unchanged = true;
                 return Ok(None);
             }
             let src_rec = tx.inode(src.ino)?;
@@ -80,6 +81,7 @@ impl Meta {
             }
             if target.ino == src.ino {
                 // Two links to one inode: POSIX says do nothing.
+                tx.unchanged = true;
                 return Ok(None);
             }
             match (src.kind == FileKind::Dir, target.kind == FileKind::Dir) {

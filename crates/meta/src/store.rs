@@ -177,6 +177,9 @@ pub(crate) struct Tx<'t> {
     pub orphans: Table<'t, u64, i64>,
     pub system: Table<'t, &'static str, u64>,
     deltas: Deltas,
+    /// Set by an operation that changed nothing: the transaction is aborted instead of
+    /// committed, which saves the commit (and its fsync).
+    pub unchanged: bool,
 }
 
 impl<'t> Tx<'t> {
@@ -191,6 +194,7 @@ impl<'t> Tx<'t> {
             orphans: txn.open_table(ORPHANS)?,
             system: txn.open_table(SYSTEM)?,
             deltas: Deltas::default(),
+            unchanged: false,
         })
     }
 
