@@ -9,8 +9,8 @@ use stria_proto::wire::{self, MetaReply, MetaRequest, meta_method};
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
 use crate::{
-    Attr, Caller, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, SetAttr,
-    SetTime, Timestamp, XattrFlags,
+    Attr, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, SetAttr, SetTime,
+    XattrFlags,
 };
 
 /// Where the byte capacity `statfs` reports comes from (the storage targets).
@@ -50,18 +50,17 @@ impl MetaService {
         let meta = &self.meta;
         Ok(match request {
             MetaRequest::Lookup { caller, parent, name } => {
-                self.attr(meta.lookup(parent, &name, &caller_of(caller))?)?
+                self.attr(meta.lookup(parent, &name, &caller)?)?
             }
             MetaRequest::GetAttr { ino } => self.attr(meta.getattr(ino)?)?,
             MetaRequest::SetAttr { caller, ino, set } => {
-                let outcome = meta.setattr(ino, &caller_of(caller), &set_attr_of(set))?;
+                let outcome = meta.setattr(ino, &caller, &set_attr_of(set))?;
                 MetaReply::SetAttr {
                     attr: self.wire_attr(outcome.attr)?,
                     old_size: outcome.old_size,
                 }
             }
             MetaRequest::Create { caller, parent, name, kind, mode, rdev, exclusive, open } => {
-                let caller = caller_of(caller);
                 let node = match kind {
                     wire::FileKind::File => NodeKind::File,
                     wire::FileKind::Fifo => NodeKind::Fifo,
@@ -92,51 +91,39 @@ impl MetaService {
                 }
             }
             MetaRequest::Mkdir { caller, parent, name, mode } => {
-                self.attr(meta.mkdir(parent, &name, mode, &caller_of(caller))?)?
+                self.attr(meta.mkdir(parent, &name, mode, &caller)?)?
             }
             MetaRequest::Symlink { caller, parent, name, target } => {
-                self.attr(meta.symlink(parent, &name, &target, &caller_of(caller))?)?
+                self.attr(meta.symlink(parent, &name, &target, &caller)?)?
             }
             MetaRequest::Link { caller, ino, new_parent, new_name } => {
-                self.attr(meta.link(ino, new_parent, &new_name, &caller_of(caller))?)?
+                self.attr(meta.link(ino, new_parent, &new_name, &caller)?)?
             }
             MetaRequest::Unlink { caller, parent, name } => {
-                let unlinked = meta.unlink(parent, &name, &caller_of(caller))?;
+                let unlinked = meta.unlink(parent, &name, &caller)?;
                 MetaReply::Released(unlinked.purge.map(released))
             }
             MetaRequest::Rmdir { caller, parent, name } => {
-                meta.rmdir(parent, &name, &caller_of(caller))?;
+                meta.rmdir(parent, &name, &caller)?;
                 MetaReply::Released(None)
             }
             MetaRequest::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let flags = RenameFlags { noreplace: flags.no_replace, exchange: flags.exchange };
-                let replaced =
-                    meta.rename(parent, &name, new_parent, &new_name, flags, &caller_of(caller))?;
+                let replaced = meta.rename(parent, &name, new_parent, &new_name, flags, &caller)?;
                 MetaReply::Released(replaced.and_then(|u| u.purge).map(released))
             }
             MetaRequest::Readlink { ino } => MetaReply::Bytes(meta.readlink(ino)?),
             MetaRequest::Readdir { caller, ino, cookie, max_entries } => {
-                let entries =
-                    meta.readdir(ino, cookie, max_entries as usize, &caller_of(caller))?;
-                MetaReply::Entries(
-                    entries
-                        .into_iter()
-                        .map(|e| wire::DirEntry {
-                            name: e.name,
-                            ino: e.ino,
-                            kind: wire_kind(e.kind),
-                            next_cookie: e.next_cookie,
-                        })
-                        .collect(),
-                )
+                let entries = meta.readdir(ino, cookie, max_entries as usize, &caller)?;
+                MetaReply::Entries(entries)
             }
             MetaRequest::Access { caller, ino, mask } => {
-                meta.access(ino, &caller_of(caller), mask)?;
+                meta.access(ino, &caller, mask)?;
                 MetaReply::Done
             }
             MetaRequest::Open { caller, ino, mask } => {
                 if mask != 0 {
-                    meta.access(ino, &caller_of(caller), mask)?;
+                    meta.access(ino, &caller, mask)?;
                 }
                 meta.open_file(ino)?;
                 let attr = match meta.getattr(ino) {
@@ -182,11 +169,11 @@ impl MetaService {
                 self.attr(meta.getattr(ino)?)?
             }
             MetaRequest::ExtendSize { ino, size, mtime } => {
-                meta.extend_size(ino, size, Timestamp { secs: mtime.secs, nanos: mtime.nanos })?;
+                meta.extend_size(ino, size, mtime)?;
                 MetaReply::Done
             }
             MetaRequest::GetXattr { caller, ino, name } => {
-                MetaReply::Bytes(meta.getxattr(ino, &name, &caller_of(caller))?)
+                MetaReply::Bytes(meta.getxattr(ino, &name, &caller)?)
             }
             MetaRequest::SetXattr { caller, ino, name, value, mode } => {
                 let flags = match mode {
@@ -194,14 +181,14 @@ impl MetaService {
                     wire::XattrSetMode::Create => XattrFlags::Create,
                     wire::XattrSetMode::Replace => XattrFlags::Replace,
                 };
-                meta.setxattr(ino, &name, &value, flags, &caller_of(caller))?;
+                meta.setxattr(ino, &name, &value, flags, &caller)?;
                 MetaReply::Done
             }
             MetaRequest::ListXattr { caller, ino } => {
-                MetaReply::Names(meta.listxattr(ino, &caller_of(caller))?)
+                MetaReply::Names(meta.listxattr(ino, &caller)?)
             }
             MetaRequest::RemoveXattr { caller, ino, name } => {
-                meta.removexattr(ino, &name, &caller_of(caller))?;
+                meta.removexattr(ino, &name, &caller)?;
                 MetaReply::Done
             }
             MetaRequest::StatFs => {
@@ -216,12 +203,12 @@ impl MetaService {
             }
             MetaRequest::SetFileLayout { caller, ino, policy } => {
                 let layout = meta.choose_layout(&policy)?;
-                meta.set_file_layout(ino, &layout, &caller_of(caller))?;
+                meta.set_file_layout(ino, &layout, &caller)?;
                 MetaReply::Done
             }
             MetaRequest::GetLayoutPolicy { ino } => MetaReply::Policy(meta.layout_policy(ino)?),
             MetaRequest::SetLayoutPolicy { caller, ino, policy } => {
-                meta.set_layout_policy(ino, &policy, &caller_of(caller))?;
+                meta.set_layout_policy(ino, &policy, &caller)?;
                 MetaReply::Done
             }
             MetaRequest::Sync => {
@@ -243,17 +230,17 @@ impl MetaService {
         };
         Ok(wire::Attr {
             ino: attr.ino,
-            kind: wire_kind(attr.kind),
+            kind: attr.kind,
             perm: attr.mode as u16,
             nlink: attr.nlink,
             uid: attr.uid,
             gid: attr.gid,
             size: attr.size,
             rdev: attr.rdev,
-            atime: wire_time(attr.atime),
-            mtime: wire_time(attr.mtime),
-            ctime: wire_time(attr.ctime),
-            crtime: wire_time(attr.ctime),
+            atime: attr.atime,
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+            crtime: attr.ctime,
             layout,
         })
     }
@@ -283,18 +270,10 @@ fn released(purge: Purge) -> wire::Released {
     wire::Released { ino: purge.ino, layout: purge.layout }
 }
 
-fn caller_of(caller: wire::Caller) -> Caller {
-    Caller { uid: caller.uid, gid: caller.gid, groups: caller.groups }
-}
-
-fn wire_time(t: Timestamp) -> wire::Timestamp {
-    wire::Timestamp { secs: t.secs, nanos: t.nanos }
-}
-
 fn set_time(t: wire::TimeSet) -> SetTime {
     match t {
         wire::TimeSet::Now => SetTime::Now,
-        wire::TimeSet::At(at) => SetTime::At(Timestamp { secs: at.secs, nanos: at.nanos }),
+        wire::TimeSet::At(at) => SetTime::At(at),
     }
 }
 
@@ -306,18 +285,6 @@ fn set_attr_of(set: wire::SetAttr) -> SetAttr {
         size: set.size,
         atime: set.atime.map(set_time),
         mtime: set.mtime.map(set_time),
-    }
-}
-
-fn wire_kind(kind: FileKind) -> wire::FileKind {
-    match kind {
-        FileKind::File => wire::FileKind::File,
-        FileKind::Dir => wire::FileKind::Dir,
-        FileKind::Symlink => wire::FileKind::Symlink,
-        FileKind::Fifo => wire::FileKind::Fifo,
-        FileKind::Socket => wire::FileKind::Socket,
-        FileKind::CharDevice => wire::FileKind::CharDevice,
-        FileKind::BlockDevice => wire::FileKind::BlockDevice,
     }
 }
 

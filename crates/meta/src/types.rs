@@ -1,8 +1,5 @@
 //! The public value types of the metadata API.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use serde::{Deserialize, Serialize};
 use stria_proto::fs::{FileLayout, Ino};
 
 /// Set-user-id, set-group-id and sticky bits of `mode`.
@@ -27,86 +24,7 @@ pub const SIZE_CLASSES: usize = SIZE_CLASS_BOUNDS.len() + 1;
 /// Longest file-name extension that is counted on its own; longer ones count as "".
 pub const EXTENSION_BYTES_MAX: usize = 16;
 
-/// What an inode is.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-pub enum FileKind {
-    File,
-    Dir,
-    Symlink,
-    Fifo,
-    Socket,
-    CharDevice,
-    BlockDevice,
-}
-
-impl FileKind {
-    pub(crate) fn code(self) -> u8 {
-        self as u8
-    }
-    pub(crate) fn from_code(code: u8) -> Option<FileKind> {
-        Some(match code {
-            0 => FileKind::File,
-            1 => FileKind::Dir,
-            2 => FileKind::Symlink,
-            3 => FileKind::Fifo,
-            4 => FileKind::Socket,
-            5 => FileKind::CharDevice,
-            6 => FileKind::BlockDevice,
-            _ => return None,
-        })
-    }
-}
-
-/// A point in time: seconds and nanoseconds since the Unix epoch.
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
-)]
-pub struct Timestamp {
-    pub secs: i64,
-    pub nanos: u32,
-}
-
-impl Timestamp {
-    pub const fn new(secs: i64, nanos: u32) -> Timestamp {
-        Timestamp { secs, nanos }
-    }
-
-    /// The system clock, now.
-    pub fn now() -> Timestamp {
-        match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(d) => Timestamp { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
-            Err(_) => Timestamp::default(),
-        }
-    }
-}
-
-/// Who asks: the credentials every permission check runs against.
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct Caller {
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups (the primary `gid` need not be repeated).
-    pub groups: Vec<u32>,
-}
-
-impl Caller {
-    pub fn root() -> Caller {
-        Caller::default()
-    }
-    pub fn new(uid: u32, gid: u32) -> Caller {
-        Caller { uid, gid, groups: Vec::new() }
-    }
-    pub fn with_groups(mut self, groups: &[u32]) -> Caller {
-        self.groups = groups.to_vec();
-        self
-    }
-    pub fn is_root(&self) -> bool {
-        self.uid == 0
-    }
-    pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.groups.contains(&gid)
-    }
-}
+pub use stria_proto::wire::{Caller, DirEntry, FileKind, Timestamp};
 
 /// The attributes of one inode, as `stat` shows them.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -160,16 +78,6 @@ pub enum NodeKind {
     Socket,
     CharDevice { rdev: u32 },
     BlockDevice { rdev: u32 },
-}
-
-/// One directory entry from `readdir`.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct DirEntry {
-    pub name: Vec<u8>,
-    pub ino: Ino,
-    pub kind: FileKind,
-    /// Pass this to `readdir` to continue after this entry.
-    pub next_cookie: u64,
 }
 
 /// An inode whose data the caller must remove from storage now.

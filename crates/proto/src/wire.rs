@@ -68,13 +68,19 @@ impl FsStatus {
 }
 
 /// Seconds and nanoseconds since the Unix epoch.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
 pub struct Timestamp {
     pub secs: i64,
     pub nanos: u32,
 }
 
 impl Timestamp {
+    pub const fn new(secs: i64, nanos: u32) -> Timestamp {
+        Timestamp { secs, nanos }
+    }
+
     pub fn now() -> Timestamp {
         let d =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -82,15 +88,35 @@ impl Timestamp {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+/// What an inode is. The discriminants are the stable codes stored on disk.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub enum FileKind {
-    File,
-    Dir,
-    Symlink,
-    Fifo,
-    Socket,
-    CharDevice,
-    BlockDevice,
+    File = 0,
+    Dir = 1,
+    Symlink = 2,
+    Fifo = 3,
+    Socket = 4,
+    CharDevice = 5,
+    BlockDevice = 6,
+}
+
+impl FileKind {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<FileKind> {
+        Some(match code {
+            0 => FileKind::File,
+            1 => FileKind::Dir,
+            2 => FileKind::Symlink,
+            3 => FileKind::Fifo,
+            4 => FileKind::Socket,
+            5 => FileKind::CharDevice,
+            6 => FileKind::BlockDevice,
+            _ => return None,
+        })
+    }
 }
 
 /// The identity a request acts as: permission checks use it.
@@ -104,6 +130,24 @@ pub struct Caller {
 impl Caller {
     pub fn root() -> Caller {
         Caller::default()
+    }
+
+    pub fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, groups: Vec::new() }
+    }
+
+    pub fn with_groups(mut self, groups: &[u32]) -> Caller {
+        self.groups = groups.to_vec();
+        self
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// The primary group or one of the supplementary groups.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
     }
 }
 
