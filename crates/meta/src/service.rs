@@ -9,8 +9,7 @@ use stria_proto::wire::{self, MetaReply, MetaRequest, meta_method};
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
 use crate::{
-    Attr, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, SetAttr, SetTime,
-    XattrFlags,
+    Attr, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, XattrFlags,
 };
 
 /// Where the byte capacity `statfs` reports comes from (the storage targets).
@@ -54,7 +53,7 @@ impl MetaService {
             }
             MetaRequest::GetAttr { ino } => self.attr(meta.getattr(ino)?)?,
             MetaRequest::SetAttr { caller, ino, set } => {
-                let outcome = meta.setattr(ino, &caller, &set_attr_of(set))?;
+                let outcome = meta.setattr(ino, &caller, &set)?;
                 MetaReply::SetAttr {
                     attr: self.wire_attr(outcome.attr)?,
                     old_size: outcome.old_size,
@@ -268,24 +267,6 @@ impl Service for MetaService {
 
 fn released(purge: Purge) -> wire::Released {
     wire::Released { ino: purge.ino, layout: purge.layout }
-}
-
-fn set_time(t: wire::TimeSet) -> SetTime {
-    match t {
-        wire::TimeSet::Now => SetTime::Now,
-        wire::TimeSet::At(at) => SetTime::At(at),
-    }
-}
-
-fn set_attr_of(set: wire::SetAttr) -> SetAttr {
-    SetAttr {
-        mode: set.mode,
-        uid: set.uid,
-        gid: set.gid,
-        size: set.size,
-        atime: set.atime.map(set_time),
-        mtime: set.mtime.map(set_time),
-    }
 }
 
 /// Inodes whose last name went away while open when the node stopped: their chunks must go.

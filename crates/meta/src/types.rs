@@ -44,24 +44,9 @@ pub struct Attr {
     pub rdev: u32,
 }
 
-/// A time to set with `setattr`: the server's clock, or a given time (`utimensat`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum SetTime {
-    Now,
-    At(Timestamp),
-}
-
-/// The attributes `setattr` changes; `None` leaves one as it is.
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    /// Truncate or extend (regular files only).
-    pub size: Option<u64>,
-    pub atime: Option<SetTime>,
-    pub mtime: Option<SetTime>,
-}
+/// What `setattr` changes, and the times it sets (the server's clock or a given time), are
+/// the wire types: `SetTime` is [`stria_proto::wire::TimeSet`].
+pub use stria_proto::wire::{SetAttr, TimeSet as SetTime};
 
 /// What `setattr` did: the new attributes and, for truncate, the size before.
 #[derive(Clone, PartialEq, Eq, Debug)]

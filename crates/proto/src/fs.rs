@@ -153,6 +153,33 @@ pub enum FsStatus {
 }
 
 impl FsStatus {
+    /// Every status, in code order.
+    pub const ALL: [FsStatus; 23] = [
+        FsStatus::NotFound,
+        FsStatus::Exists,
+        FsStatus::NotDir,
+        FsStatus::IsDir,
+        FsStatus::NotEmpty,
+        FsStatus::Access,
+        FsStatus::Perm,
+        FsStatus::NoSpace,
+        FsStatus::Io,
+        FsStatus::Invalid,
+        FsStatus::NameTooLong,
+        FsStatus::NoData,
+        FsStatus::Range,
+        FsStatus::TooManyLinks,
+        FsStatus::CrossDevice,
+        FsStatus::Busy,
+        FsStatus::Loop,
+        FsStatus::ReadOnly,
+        FsStatus::Unavailable,
+        FsStatus::TooBig,
+        FsStatus::NotSupported,
+        FsStatus::Stale,
+        FsStatus::Quota,
+    ];
+
     /// The Linux errno the FUSE mount returns for this status.
     pub fn errno(self) -> i32 {
         match self {

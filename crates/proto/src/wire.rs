@@ -37,33 +37,7 @@ impl FsStatus {
 
     /// The error an RPC status code carries, if it is a file-system code.
     pub fn from_rpc_code(code: u16) -> Option<FsStatus> {
-        use FsStatus::*;
-        const ALL: [FsStatus; 23] = [
-            NotFound,
-            Exists,
-            NotDir,
-            IsDir,
-            NotEmpty,
-            Access,
-            Perm,
-            NoSpace,
-            Io,
-            Invalid,
-            NameTooLong,
-            NoData,
-            Range,
-            TooManyLinks,
-            CrossDevice,
-            Busy,
-            Loop,
-            ReadOnly,
-            Unavailable,
-            TooBig,
-            NotSupported,
-            Stale,
-            Quota,
-        ];
-        ALL.into_iter().find(|s| s.rpc_code() == code)
+        FsStatus::ALL.into_iter().find(|s| s.rpc_code() == code)
     }
 }
 
