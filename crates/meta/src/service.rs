@@ -155,6 +155,12 @@ impl MetaService {
                 Some(_) => self.attr(meta.getattr(ino)?)?,
                 None => {
                     let plan = meta.spill_begin(ino)?;
+                    if plan.bytes.is_empty() {
+                        // No inline bytes to carry over: nothing can be lost by switching now,
+                        // which saves the client a round trip (the common new-file case).
+                        meta.spill_commit(&plan)?;
+                        return Ok(self.attr(meta.getattr(ino)?)?);
+                    }
                     MetaReply::Spilled {
                         layout: plan.layout,
                         data: plan.bytes,

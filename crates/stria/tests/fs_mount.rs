@@ -289,3 +289,41 @@ fn setstripe_getstripe_and_df() {
     node.stop();
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Without the right to mount (an unprivileged user cannot open /dev/fuse here), `stria up`
+/// says why and keeps serving the native API, which `stria df` uses.
+#[test]
+fn without_fuse_rights_the_node_says_so_and_keeps_serving() {
+    require_fuse();
+    let dir = scratch("nofuse");
+    let status =
+        Command::new("chown").args(["-R", "65534:65534"]).arg(&dir).status().expect("chown");
+    assert!(status.success());
+    let mut child = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", STRIA, "up", "--data"])
+        .arg(&dir)
+        .args(["--drives", "3", "--raid", "5", "--drive-size", "64M"])
+        .args(["--meta-listen", "127.0.0.1:0", "--storage-listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !dir.join("run.json").exists() {
+        assert!(std::time::Instant::now() < deadline, "the node did not start");
+        assert!(child.try_wait().expect("wait").is_none(), "the node exited");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let df = Command::new(STRIA).args(["df", "--data"]).arg(&dir).output().expect("df");
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stderr.contains("not mounted") && stderr.contains("native API"), "{stderr}");
+    assert!(stdout.contains("mount    (none)"), "{stdout}");
+    let df = ok("df without a mount", df);
+    assert!(df.contains("t1") && df.contains("raid5"), "{df}");
+    assert!(out.status.success(), "the node did not stop cleanly: {stderr}");
+    let _ = fs::remove_dir_all(&dir);
+}
