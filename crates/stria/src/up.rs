@@ -39,7 +39,7 @@ pub struct UpArgs {
     /// Data directory: drive files, metadata, logs (created on the first run).
     #[arg(long, default_value = "stria-data")]
     pub data: PathBuf,
-    /// Drive files per target [first run; default 4].
+    /// Drive files per target [first run; default 5].
     #[arg(long)]
     pub drives: Option<usize>,
     /// Size of each (sparse) drive file, e.g. 8G [first run; default 8G].
@@ -51,7 +51,7 @@ pub struct UpArgs {
     /// Number of targets (RAID arrays) files are striped over [first run; default 1].
     #[arg(long)]
     pub targets: Option<usize>,
-    /// RAID stripe unit, 4K..1M [first run; default 128K].
+    /// RAID stripe unit, 4K..1M [first run; default 256K].
     #[arg(long, value_parser = parse_size)]
     pub stripe_unit: Option<u64>,
     /// Where to mount the file system [default: DATA/mnt].
@@ -74,9 +74,11 @@ fn parse_level(text: &str) -> Result<Level, String> {
 }
 
 const NODE_FORMAT: u32 = 1;
-const DRIVES_DEFAULT: usize = 4;
+/// Five drives in RAID 5 with a 256 KiB unit make a 1 MiB data stripe: the default 1 MiB file
+/// chunk is then exactly one full stripe, written without read-modify-write or journal.
+const DRIVES_DEFAULT: usize = 5;
 const DRIVE_BYTES_DEFAULT: u64 = 8 << 30;
-const STRIPE_UNIT_DEFAULT: u64 = 128 << 10;
+const STRIPE_UNIT_DEFAULT: u64 = 256 << 10;
 
 /// `DATA/node.json`: what the node is made of.
 #[derive(Serialize, Deserialize, Debug, Clone)]
