@@ -262,6 +262,15 @@ impl Service for MetaService {
                 Ok(decoded) => decoded,
                 Err(response) => return response,
             };
+            // Reads are short snapshot lookups: run them here rather than pay a hand-off to
+            // the blocking pool. Mutations may wait on the disk (a durable commit), so they go
+            // to the blocking pool.
+            if decoded.is_read_only() {
+                return match service.handle(decoded) {
+                    Ok(reply) => Response::encode(&reply, Bytes::new()),
+                    Err(status) => Response::fs_error(status),
+                };
+            }
             match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
                 Ok(Ok(reply)) => Response::encode(&reply, Bytes::new()),
                 Ok(Err(status)) => Response::fs_error(status),

@@ -360,6 +360,23 @@ pub enum MetaRequest {
 }
 
 impl MetaRequest {
+    /// Whether the request only reads the namespace.
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            MetaRequest::Lookup { .. }
+                | MetaRequest::GetAttr { .. }
+                | MetaRequest::Readlink { .. }
+                | MetaRequest::Readdir { .. }
+                | MetaRequest::Access { .. }
+                | MetaRequest::ReadInline { .. }
+                | MetaRequest::GetXattr { .. }
+                | MetaRequest::ListXattr { .. }
+                | MetaRequest::StatFs
+                | MetaRequest::GetLayoutPolicy { .. }
+        )
+    }
+
     pub fn op_name(&self) -> &'static str {
         match self {
             MetaRequest::Lookup { .. } => "lookup",
