@@ -77,7 +77,11 @@ pub(crate) async fn write(
     let layout = match layout {
         Some(layout) => layout,
         None if end <= INLINE_DATA_MAX as u64 => {
-            return write_inline(inner, inode, offset, bytes).await;
+            match write_inline(inner, inode, offset, bytes).await {
+                // A concurrent write moved the file to chunks meanwhile: follow it there.
+                Err(FsStatus::TooBig) => spill(inner, inode).await?,
+                done => return done,
+            }
         }
         None => spill(inner, inode).await?,
     };
@@ -129,6 +133,10 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
 /// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
 /// metadata service switches the file over, so a crash in between keeps the inline copy.
 async fn spill(inner: &Inner, inode: &InodeData) -> FsResult<FileLayout> {
+    let _one_at_a_time = inode.spill_lock.lock().await;
+    if let Some(layout) = inode.state().layout.clone() {
+        return Ok(layout);
+    }
     let layout = spill_ino(inner, inode.ino).await?;
     inode.state().layout = Some(layout.clone());
     Ok(layout)

@@ -31,6 +31,8 @@ pub(crate) struct InodeData {
     /// Queued writes hold permits (one per byte); waiting for all of them drains the queue.
     pub write_budget: Arc<Semaphore>,
     pub write_budget_bytes: u32,
+    /// Serializes moving the file out of its inode (concurrent writes would race to spill).
+    pub spill_lock: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -93,6 +95,7 @@ impl OpenFiles {
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
+                    spill_lock: tokio::sync::Mutex::new(()),
                 })
             })
             .clone();

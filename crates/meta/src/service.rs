@@ -157,9 +157,14 @@ impl MetaService {
                     let plan = meta.spill_begin(ino)?;
                     if plan.bytes.is_empty() {
                         // No inline bytes to carry over: nothing can be lost by switching now,
-                        // which saves the client a round trip (the common new-file case).
-                        meta.spill_commit(&plan)?;
-                        return Ok(self.attr(meta.getattr(ino)?)?);
+                        // which saves the client a round trip (the common new-file case). If a
+                        // concurrent spill won the race, the file is chunked all the same.
+                        if let Err(error) = meta.spill_commit(&plan)
+                            && meta.file_layout(ino)?.is_none()
+                        {
+                            return Err(error);
+                        }
+                        return self.attr(meta.getattr(ino)?);
                     }
                     MetaReply::Spilled {
                         layout: plan.layout,

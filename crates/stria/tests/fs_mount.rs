@@ -327,3 +327,50 @@ fn without_fuse_rights_the_node_says_so_and_keeps_serving() {
     assert!(out.status.success(), "the node did not stop cleanly: {stderr}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Writers racing on one new file: small writes that fit inside the inode and large ones that
+/// move it to chunks, at once, through O_DIRECT (no page cache to serialize them). Every byte
+/// lands.
+#[test]
+fn racing_writes_across_the_inline_limit() {
+    use std::os::unix::fs::OpenOptionsExt;
+    require_fuse();
+    let dir = scratch("race");
+    let mut node = Node::start(&dir, &["--drives", "3", "--raid", "5", "--drive-size", "128M"]);
+    let m = node.mount.clone();
+    for round in 0..20u64 {
+        let path = m.join(format!("race{round}"));
+        File::create(&path).expect("create");
+        let writers: Vec<_> = (0..6u64)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_DIRECT)
+                        .open(&path)
+                        .expect("open O_DIRECT");
+                    // Writers 0..3 stay under 3 KiB, the others reach past it.
+                    let (offset, len) = if i < 3 { (i * 1000, 1000) } else { (i * 4096, 4096) };
+                    file.write_all_at(&pattern(round * 10 + i, offset, len), offset)
+                        .expect("pwrite");
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("writer");
+        }
+        let got = fs::read(&path).expect("read back");
+        assert_eq!(got.len(), 6 * 4096, "round {round}");
+        for i in 0..6u64 {
+            let (offset, len) = if i < 3 { (i * 1000, 1000) } else { (i * 4096, 4096) };
+            let want = pattern(round * 10 + i, offset, len);
+            assert!(
+                got[offset as usize..offset as usize + len] == want[..],
+                "round {round} writer {i}"
+            );
+        }
+    }
+    node.stop();
+    let _ = fs::remove_dir_all(&dir);
+}
