@@ -277,9 +277,10 @@ async fn fetch_chunk(
 }
 
 /// Decides which chunks a read may take from (or add to) the prefetch window. A reader is
-/// sequential when it starts near where its last read ended (the kernel sends read-ahead
-/// requests slightly out of order); then the chunks up to `readahead_bytes` past this read are
-/// fetched in the background.
+/// sequential after two reads in a row that start near where the previous one ended (the
+/// kernel sends its read-ahead requests slightly out of order); then the chunks up to
+/// `readahead_bytes` past this read are fetched in the background. A random reader that lands
+/// near its last read by chance must not trigger megabytes of prefetch.
 fn plan_prefetch(
     inner: &Inner,
     inode: &InodeData,
@@ -290,7 +291,10 @@ fn plan_prefetch(
 ) -> Vec<(u64, Prefetch)> {
     let chunk = layout.chunk_bytes as u64;
     let mut state = inode.state();
-    let sequential = offset.abs_diff(state.next_sequential) <= 2 * chunk;
+    const NEAR_BYTES: u64 = 256 * 1024;
+    let near = offset.abs_diff(state.next_sequential) <= NEAR_BYTES.max(2 * len);
+    state.sequential_hits = if near { state.sequential_hits.saturating_add(1) } else { 0 };
+    let sequential = state.sequential_hits >= 2;
     state.next_sequential = offset + len;
     let first = offset / chunk;
     let last = (offset + len - 1) / chunk;
@@ -298,7 +302,7 @@ fn plan_prefetch(
     let mut used: Vec<(u64, Prefetch)> = (first..=last)
         .filter_map(|index| state.prefetch.get(&index).map(|cell| (index, cell.clone())))
         .collect();
-    if !sequential || offset == 0 && len < chunk {
+    if !sequential {
         return used;
     }
     let window = (inner.config.readahead_bytes as u64).max(chunk) / chunk;

@@ -50,6 +50,8 @@ pub(crate) struct InodeState {
     pub prefetch: HashMap<u64, Prefetch>,
     /// Where the next read of a sequential reader would start.
     pub next_sequential: u64,
+    /// Reads in a row that started where the previous one ended (about).
+    pub sequential_hits: u32,
 }
 
 impl InodeData {
@@ -92,6 +94,7 @@ impl OpenFiles {
                         write_error: None,
                         prefetch: HashMap::new(),
                         next_sequential: 0,
+                        sequential_hits: 0,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
