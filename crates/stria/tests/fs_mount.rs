@@ -365,10 +365,14 @@ fn racing_writes_across_the_inline_limit() {
         for i in 0..6u64 {
             let (offset, len) = if i < 3 { (i * 1000, 1000) } else { (i * 4096, 4096) };
             let want = pattern(round * 10 + i, offset, len);
-            assert!(
-                got[offset as usize..offset as usize + len] == want[..],
-                "round {round} writer {i}"
-            );
+            let region = &got[offset as usize..offset as usize + len];
+            if region != &want[..] {
+                let zeros = region.iter().filter(|b| **b == 0).count();
+                let first = region.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                panic!(
+                    "round {round} writer {i}: differs from byte {first}, {zeros} zero bytes of {len}"
+                );
+            }
         }
     }
     node.stop();
