@@ -333,6 +333,7 @@ fn plan_prefetch(
 pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsResult<()> {
     let inode = &file.inode;
     drain_inode(inode).await?;
+    let _publishing = inode.publish_lock.lock().await;
     let (error, dirty, size, mtime, layout) = {
         let mut state = inode.state();
         let dirty = state.size_dirty;
@@ -340,6 +341,8 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
         (state.write_error.take(), dirty, state.size, state.mtime, state.layout.clone())
     };
     if let Some(error) = error {
+        // The writes that did succeed still extend the file: publish at the next flush.
+        inode.state().size_dirty |= dirty;
         return Err(error);
     }
     if durable && let Some(layout) = &layout {

@@ -33,6 +33,9 @@ pub(crate) struct InodeData {
     pub write_budget_bytes: u32,
     /// Serializes moving the file out of its inode (concurrent writes would race to spill).
     pub spill_lock: tokio::sync::Mutex<()>,
+    /// Held while a flush publishes the size: a second flush waits for the first one's
+    /// publish instead of returning while it is still in flight (close-to-open).
+    pub publish_lock: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -99,6 +102,7 @@ impl OpenFiles {
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
                     spill_lock: tokio::sync::Mutex::new(()),
+                    publish_lock: tokio::sync::Mutex::new(()),
                 })
             })
             .clone();
@@ -108,8 +112,12 @@ impl OpenFiles {
             if state.layout.is_none() {
                 state.layout = attr.layout.clone();
             }
-            if !state.size_dirty {
+            // Handles already open here know at least as much as the metadata service, whose
+            // answer may predate a publish of theirs; only a fresh inode takes its size.
+            if state.opens == 0 {
                 state.size = attr.size;
+            } else if !state.size_dirty {
+                state.size = state.size.max(attr.size);
             }
         }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);

