@@ -90,6 +90,7 @@ impl Inode {
             mtime: self.mtime,
             ctime: self.ctime,
             rdev: self.rdev,
+            layout: self.layout().cloned(),
         }
     }
 

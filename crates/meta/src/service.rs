@@ -8,9 +8,7 @@ use stria_proto::fs::{FsStatus, Ino};
 use stria_proto::wire::{self, MetaReply, MetaRequest, meta_method};
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
-use crate::{
-    Attr, FileKind, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, XattrFlags,
-};
+use crate::{Attr, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, XattrFlags};
 
 /// Where the byte capacity `statfs` reports comes from (the storage targets).
 pub type CapacitySource = Arc<dyn Fn() -> (u64, u64) + Send + Sync>;
@@ -55,7 +53,7 @@ impl MetaService {
             MetaRequest::SetAttr { caller, ino, set } => {
                 let outcome = meta.setattr(ino, &caller, &set)?;
                 MetaReply::SetAttr {
-                    attr: self.wire_attr(outcome.attr)?,
+                    attr: self.wire_attr(outcome.attr),
                     old_size: outcome.old_size,
                 }
             }
@@ -84,7 +82,7 @@ impl MetaService {
                 if open {
                     // The creator may open what it just created whatever the mode says.
                     meta.open_file(attr.ino)?;
-                    MetaReply::Open { attr: self.wire_attr(attr)?, inline: None }
+                    MetaReply::Open { attr: self.wire_attr(attr), inline: None }
                 } else {
                     self.attr(attr)?
                 }
@@ -126,7 +124,7 @@ impl MetaService {
                 }
                 meta.open_file(ino)?;
                 let attr = match meta.getattr(ino) {
-                    Ok(attr) => self.wire_attr(attr)?,
+                    Ok(attr) => self.wire_attr(attr),
                     Err(error) => {
                         let _ = meta.release(ino);
                         return Err(error);
@@ -229,16 +227,12 @@ impl MetaService {
     }
 
     fn attr(&self, attr: Attr) -> Result<MetaReply, MetaError> {
-        Ok(MetaReply::Attr(self.wire_attr(attr)?))
+        Ok(MetaReply::Attr(self.wire_attr(attr)))
     }
 
-    /// The wire form of an inode's attributes; regular files carry their layout.
-    fn wire_attr(&self, attr: Attr) -> Result<wire::Attr, MetaError> {
-        let layout = match attr.kind {
-            FileKind::File => self.meta.file_layout(attr.ino)?,
-            _ => None,
-        };
-        Ok(wire::Attr {
+    /// The wire form of an inode's attributes.
+    fn wire_attr(&self, attr: Attr) -> wire::Attr {
+        wire::Attr {
             ino: attr.ino,
             kind: attr.kind,
             perm: attr.mode as u16,
@@ -251,8 +245,8 @@ impl MetaService {
             mtime: attr.mtime,
             ctime: attr.ctime,
             crtime: attr.ctime,
-            layout,
-        })
+            layout: attr.layout,
+        }
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Attr {
     pub ctime: Timestamp,
     /// Device number of character and block devices.
     pub rdev: u32,
+    /// Where a chunked regular file's bytes live; `None` for inline files and the rest.
+    pub layout: Option<FileLayout>,
 }
 
 /// What `setattr` changes, and the times it sets (the server's clock or a given time), are

@@ -451,28 +451,9 @@ impl Array {
             return None;
         }
         let dev = m.dev.as_ref()?;
-        let crc = m.crc.as_ref()?;
+        m.crc.as_ref()?;
         match dev.read_at(self.device_offset(stripe, row), (rows * BLOCK) as usize) {
-            Ok(data) => {
-                let first = self.table_block(stripe, row);
-                let bad: Vec<bool> = data
-                    .chunks_exact(BLOCK_BYTES)
-                    .enumerate()
-                    .map(|(j, b)| crc_block(b) != crc.get(first + j as u64))
-                    .collect();
-                let errors = bad.iter().filter(|&&b| b).count() as u64;
-                if errors > 0 {
-                    self.inner.counters.checksum_errors.fetch_add(errors, Relaxed);
-                    tracing::warn!(
-                        drive = dev.name(),
-                        stripe,
-                        row,
-                        errors,
-                        "checksum mismatch; repairing from redundancy"
-                    );
-                }
-                Some((bad, data))
-            }
+            Ok(data) => Some((self.check_rows(m, stripe, row, &data), data)),
             Err(e) => {
                 // A drive that cannot read is taken out of service (the array goes degraded)
                 // rather than retried on every request; the data comes from redundancy.
