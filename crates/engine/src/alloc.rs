@@ -108,6 +108,18 @@ impl Allocator {
         Some(runs)
     }
 
+    /// Takes the lowest whole free stripe (stripe-aligned, `stripe_blocks` long) and returns
+    /// its first block; None when no stripe is wholly free.
+    pub(crate) fn allocate_stripe(&mut self) -> Option<u64> {
+        let stripe = self.stripe_blocks;
+        let at = self.free.iter().find_map(|(&s, &len)| {
+            let aligned = s.div_ceil(stripe) * stripe;
+            (aligned + stripe <= s + len).then_some(aligned)
+        })?;
+        self.take(at, stripe);
+        Some(at)
+    }
+
     /// Returns blocks that no map (durable or not) ever referenced, e.g. after a failed write.
     pub(crate) fn release(&mut self, runs: &[Run]) {
         for &(s, n) in runs {
@@ -210,6 +222,15 @@ mod tests {
         a.release(&pending);
         assert_eq!(a.free_blocks(), 4);
         assert_eq!(a.allocate(4), Some(vec![(0, 4)]));
+    }
+
+    #[test]
+    fn whole_stripes_come_from_free_runs_only() {
+        let mut a = Allocator::with_used(1, 39, 8, vec![(9, 1)]).expect("valid");
+        assert_eq!(a.allocate_stripe(), Some(16));
+        assert_eq!(a.allocate_stripe(), Some(24));
+        assert_eq!(a.allocate_stripe(), None, "32..39 is one block short, 0..8 starts at 1");
+        assert_eq!(a.free_blocks(), 38 - 1 - 16);
     }
 
     #[test]

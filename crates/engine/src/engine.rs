@@ -14,6 +14,7 @@ use stria_raid::Array;
 
 use crate::alloc::{Allocator, Run};
 use crate::commit::{self, CHUNKS, Committer, META, MapOp};
+use crate::packer::Packer;
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
 use crate::superblock::{FORMAT_VERSION, Superblock};
 use crate::{BLOCK, EngineError};
@@ -64,6 +65,8 @@ pub struct Engine {
     sb: Superblock,
     locks: Box<[RwLock<()>]>,
     alloc: Mutex<Allocator>,
+    /// Small writes on parity arrays; None on other levels.
+    packer: Option<Packer>,
     committer: Committer,
     chunks: AtomicU64,
 }
@@ -247,6 +250,7 @@ impl Engine {
         let alloc = Allocator::with_used(sb.data_start_block, sb.block_count, stripe_blocks, used)
             .map_err(EngineError::MapCorrupt)?;
         Ok(Engine {
+            packer: Packer::for_array(&array),
             array,
             db: ManuallyDrop::new(db),
             sb,
@@ -549,6 +553,11 @@ impl Engine {
     pub fn sync(&self) -> Result<(), EngineError> {
         let mut pending = None;
         let result = self.committer.durable(&self.db, || {
+            // The open stripe closes before the flush: its blocks are about to become durable
+            // and must never be written again.
+            if let Some(p) = &self.packer {
+                p.close(&self.alloc);
+            }
             // Taken under the commit lock: every pending run belongs to a commit that the
             // durable commit below covers.
             pending = Some(lock(&self.alloc).take_pending());
@@ -571,9 +580,10 @@ impl Engine {
 
     /// Space in the data area and the number of chunks.
     pub fn space(&self) -> SpaceStats {
+        let open_tail = self.packer.as_ref().map_or(0, Packer::reserved_free_blocks);
         let alloc = lock(&self.alloc);
         let total = (self.sb.block_count - self.sb.data_start_block) * BLOCK as u64;
-        let free = alloc.free_blocks() * BLOCK as u64;
+        let free = (alloc.free_blocks() + open_tail) * BLOCK as u64;
         let reclaimable = alloc.pending_blocks() * BLOCK as u64;
         SpaceStats {
             total_bytes: total,
@@ -584,7 +594,8 @@ impl Engine {
         }
     }
 
-    /// Allocates `n` blocks; when short, syncs once so blocks pending a durable commit free up.
+    /// Allocates `n` blocks; when short, syncs once so blocks pending a durable commit (and the
+    /// open stripe's unused tail) free up.
     fn allocate(&self, n: u64) -> Result<Vec<Run>, EngineError> {
         let short = {
             let mut alloc = lock(&self.alloc);
@@ -593,7 +604,9 @@ impl Engine {
                 None => alloc.pending_blocks() > 0,
             }
         };
-        if short {
+        // A sync also hands back the open stripe's unused tail.
+        let open_tail = self.packer.as_ref().map_or(0, Packer::reserved_free_blocks);
+        if short || open_tail > 0 {
             self.sync()?;
         }
         let mut alloc = lock(&self.alloc);
@@ -625,13 +638,23 @@ impl Engine {
         };
         // The checksums are of exactly the bytes handed to the array.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
-        let runs = self.allocate(crcs.len() as u64)?;
+        let packed = match &self.packer {
+            Some(p) => p.write(&self.array, &self.alloc, &data)?,
+            None => None,
+        };
+        let runs = match packed {
+            Some(runs) => runs,
+            None => {
+                let runs = self.allocate(crcs.len() as u64)?;
+                if let Err(e) = self.write_runs(&runs, &data) {
+                    lock(&self.alloc).release(&runs);
+                    return Err(e);
+                }
+                runs
+            }
+        };
         // Block j of the concatenated segments goes to the j-th allocated block.
         let physical: Vec<u64> = runs.iter().flat_map(|&(s, n)| s..s + n).collect();
-        if let Err(e) = self.write_runs(&runs, &data) {
-            lock(&self.alloc).release(&runs);
-            return Err(e);
-        }
         drop(data);
         let slots = places
             .iter()

@@ -32,6 +32,9 @@ pub enum EngineError {
     /// The array refused or failed the I/O.
     #[error("array I/O failed: {0}")]
     Io(#[from] RaidError),
+    /// The array failed a batch of packed small writes this write was part of.
+    #[error("array I/O failed for a batch of small writes: {0}")]
+    PackedWrite(String),
     /// The chunk map store (redb) failed.
     #[error("chunk map store failed: {0}")]
     Store(String),
@@ -70,6 +73,7 @@ impl EngineError {
             EngineError::Poisoned(_) => FsStatus::ReadOnly,
             EngineError::Corrupt { .. }
             | EngineError::Io(_)
+            | EngineError::PackedWrite(_)
             | EngineError::Store(_)
             | EngineError::MapCorrupt(_)
             | EngineError::WrongArray(_)

@@ -83,16 +83,7 @@ impl Array {
             }
             // Writes already submitted complete (and get their checksums) even when the
             // journal filled up part way: the retry after the checkpoint reads those stripes.
-            let failures = wait_all(tickets);
-            let failed_drives: BTreeSet<usize> = failures.iter().map(|(d, _)| *d).collect();
-            for (d, table_block, crc) in crc_updates {
-                if !failed_drives.contains(&d)
-                    && let Some(t) = members[d].crc.as_ref()
-                {
-                    t.set(table_block, crc);
-                }
-            }
-            self.handle_write_failures(&members, failures)?;
+            self.finish_writes(&members, tickets, crc_updates)?;
             if journal_full {
                 drop(_locks);
                 drop(_barrier);
@@ -101,6 +92,129 @@ impl Array {
             }
             return Ok(());
         }
+    }
+
+    /// Writes blocks `[from, to)` of `stripe` (4 KiB blocks counted from the start of the
+    /// stripe's data, in array order), where `image` (`stripe_data_bytes` long) is the stripe's
+    /// whole data content after the write. Parity is computed from `image` over the rows the
+    /// blocks touch, so nothing is read and no journal record is written.
+    ///
+    /// This is for one caller, the chunk engine's open stripe, which keeps two promises: the
+    /// drives already hold `image` outside `[from, to)` (the stripe's first write was a
+    /// full-stripe write of the image, and every later block came through here), and no other
+    /// block of the stripe holds data that must survive a crash (the stripe is closed before
+    /// any of its blocks is made durable). A crash during this write may tear the parity of the
+    /// touched rows, which only blocks of the open stripe can suffer from. Levels without
+    /// parity take a plain write.
+    pub fn write_in_open_stripe(
+        &self,
+        stripe: u64,
+        image: &[u8],
+        from: u64,
+        to: u64,
+    ) -> Result<(), RaidError> {
+        let g = self.inner.geometry;
+        let stripe_bytes = g.stripe_data_bytes();
+        let offset = stripe * stripe_bytes + from * BLOCK;
+        let len = to.saturating_sub(from) * BLOCK;
+        if image.len() as u64 != stripe_bytes || to * BLOCK > stripe_bytes {
+            return Err(RaidError::Unrecoverable {
+                offset,
+                reason: format!(
+                    "open-stripe write of blocks {from}..{to} with a {} byte image; the stripe \
+                     holds {stripe_bytes} bytes",
+                    image.len()
+                ),
+            });
+        }
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if !g.level.is_parity() {
+            return self.write(offset, &image[(from * BLOCK) as usize..(to * BLOCK) as usize]);
+        }
+        self.check_alive()?;
+        self.inner.foreground_ops.fetch_add(1, Relaxed);
+        loop {
+            let _barrier = self.inner.barrier.read().unwrap_or_else(|e| e.into_inner());
+            self.mark_intent(std::iter::once(stripe))?;
+            let _locks = self.lock_stripes(std::iter::once(stripe));
+            let members = self.members();
+            // As for a full-stripe write: an older partial-stripe record of this stripe must not
+            // be replayed over the new contents.
+            if self.stripe_journaled(stripe) {
+                if !self.journal(&members, stripe, &[])? {
+                    drop(_locks);
+                    drop(_barrier);
+                    self.flush()?;
+                    continue;
+                }
+                self.forget_journaled(stripe);
+            }
+            let unit = g.unit() as usize;
+            let k = g.data_chunks();
+            let drives = g.members(stripe);
+            let pieces: Vec<Piece> = g.split(offset, len).collect();
+            let a = pieces.iter().map(|p| p.offset_in_chunk / BLOCK).min().expect("non-empty");
+            let b = pieces
+                .iter()
+                .map(|p| (p.offset_in_chunk + p.len) / BLOCK)
+                .max()
+                .expect("non-empty");
+            let (lo, hi) = ((a * BLOCK) as usize, (b * BLOCK) as usize);
+            let mut rows: Vec<AlignedBuf> = Vec::new();
+            let sources: Vec<&[u8]> =
+                (0..k).map(|i| &image[i * unit + lo..i * unit + hi]).collect();
+            let mut p = AlignedBuf::zeroed(hi - lo);
+            if g.level.parity_chunks() == 2 {
+                let mut q = AlignedBuf::zeroed(hi - lo);
+                self.inner.kernel.pq_gen(&sources, &mut p, &mut q);
+                rows.push(p);
+                rows.push(q);
+            } else {
+                self.inner.kernel.xor_gen(&sources, &mut p);
+                rows.push(p);
+            }
+            let mut tickets = Vec::new();
+            let mut crc_updates = Vec::new();
+            for piece in &pieces {
+                let d = drives[piece.index];
+                if members[d].writable() {
+                    let at = piece.index * unit + piece.offset_in_chunk as usize;
+                    let buf = AlignedBuf::from_slice(&image[at..at + piece.len as usize]);
+                    let row = piece.offset_in_chunk / BLOCK;
+                    self.push_write(&members, d, stripe, row, buf, &mut tickets, &mut crc_updates);
+                }
+            }
+            for (i, buf) in rows.into_iter().enumerate() {
+                let d = drives[k + i];
+                if members[d].writable() {
+                    self.push_write(&members, d, stripe, a, buf, &mut tickets, &mut crc_updates);
+                }
+            }
+            return self.finish_writes(&members, tickets, crc_updates);
+        }
+    }
+
+    /// Waits for submitted drive writes, records the checksums of those that landed, and fails
+    /// the drives whose writes did not.
+    fn finish_writes(
+        &self,
+        members: &[Member],
+        tickets: Vec<(usize, IoTicket)>,
+        crc_updates: Vec<(usize, u64, u32)>,
+    ) -> Result<(), RaidError> {
+        let failures = wait_all(tickets);
+        let failed_drives: BTreeSet<usize> = failures.iter().map(|(d, _)| *d).collect();
+        for (d, table_block, crc) in crc_updates {
+            if !failed_drives.contains(&d)
+                && let Some(t) = members[d].crc.as_ref()
+            {
+                t.set(table_block, crc);
+            }
+        }
+        self.handle_write_failures(members, failures)
     }
 
     /// Makes a range read as zeros. Redundancy and checksums are kept as for any write.
