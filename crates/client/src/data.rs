@@ -15,17 +15,18 @@ use crate::files::{InodeData, OpenFile, Prefetch};
 use crate::transport::StorageConns;
 use crate::{FsResult, Inner, unexpected};
 
-/// One piece of a file range that falls inside one chunk.
+/// One piece of a file or volume range that falls inside one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Piece {
-    index: u64,
-    offset_in_chunk: u32,
-    len: u32,
+pub(crate) struct Piece {
+    pub index: u64,
+    pub offset_in_chunk: u32,
+    pub len: u32,
     /// Where the piece starts inside the caller's range.
-    offset_in_range: usize,
+    pub offset_in_range: usize,
 }
 
-fn pieces(chunk_bytes: u32, offset: u64, len: u64) -> impl Iterator<Item = Piece> {
+/// Splits `[offset, offset + len)` at chunk boundaries, in order.
+pub(crate) fn pieces(chunk_bytes: u32, offset: u64, len: u64) -> impl Iterator<Item = Piece> {
     let chunk = chunk_bytes as u64;
     let end = offset + len;
     let mut at = offset;
@@ -47,7 +48,7 @@ fn pieces(chunk_bytes: u32, offset: u64, len: u64) -> impl Iterator<Item = Piece
     })
 }
 
-fn distinct_targets(layout: &FileLayout) -> BTreeSet<TargetId> {
+pub(crate) fn distinct_targets(layout: &FileLayout) -> BTreeSet<TargetId> {
     layout.targets.iter().copied().collect()
 }
 
@@ -346,14 +347,7 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
         return Err(error);
     }
     if durable && let Some(layout) = &layout {
-        let mut syncs = JoinSet::new();
-        for target in distinct_targets(layout) {
-            let storage = inner.storage.clone();
-            syncs.spawn(async move { storage.target_sync(TargetSync { target }).await });
-        }
-        while let Some(joined) = syncs.join_next().await {
-            joined.map_err(|_| FsStatus::Io)??;
-        }
+        sync_targets(&inner.storage, distinct_targets(layout)).await?;
     }
     if dirty {
         let published =
@@ -372,41 +366,61 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
 /// Drops the chunk data past `size` after a truncate.
 pub(crate) async fn trim(inner: &Inner, ino: Ino, layout: &FileLayout, size: u64) -> FsResult<()> {
     let chunk = layout.chunk_bytes as u64;
-    let keep_whole = size.div_ceil(chunk);
-    let mut work = JoinSet::new();
-    for target in distinct_targets(layout) {
-        let storage = inner.storage.clone();
-        let request = ObjectRemove { target, object: ObjectId(ino), from_index: keep_whole };
-        work.spawn(async move { storage.object_remove(request).await });
-    }
-    if size % chunk != 0 {
+    let whole = remove_chunks(&inner.storage, ObjectId(ino), layout, size.div_ceil(chunk));
+    let boundary = async {
+        if size.is_multiple_of(chunk) {
+            return Ok(());
+        }
         let index = size / chunk;
-        let storage = inner.storage.clone();
         let request = ChunkTruncate {
             target: layout.target_of(index),
             chunk: chunk_id(ino, index),
             len: (size % chunk) as u32,
         };
-        work.spawn(async move { storage.chunk_truncate(request).await });
-    }
-    while let Some(joined) = work.join_next().await {
-        joined.map_err(|_| FsStatus::Io)??;
-    }
-    Ok(())
+        inner.storage.chunk_truncate(request).await
+    };
+    let (whole, boundary) = tokio::join!(whole, boundary);
+    whole.and(boundary)
 }
 
-/// Removes every chunk of a file whose last link is gone.
-pub(crate) async fn remove_object(inner: &Inner, ino: Ino, layout: &FileLayout) -> FsResult<()> {
+/// Removes the chunks of `object` from index `from_index` on, on every target of `layout`
+/// at once (0: the whole object, as when a file's last link is gone).
+pub(crate) async fn remove_chunks(
+    storage: &StorageConns,
+    object: ObjectId,
+    layout: &FileLayout,
+    from_index: u64,
+) -> FsResult<()> {
     let mut work = JoinSet::new();
     for target in distinct_targets(layout) {
-        let storage = inner.storage.clone();
-        let request = ObjectRemove { target, object: ObjectId(ino), from_index: 0 };
+        let storage = storage.clone();
+        let request = ObjectRemove { target, object, from_index };
         work.spawn(async move { storage.object_remove(request).await });
     }
+    let mut result = Ok(());
     while let Some(joined) = work.join_next().await {
-        joined.map_err(|_| FsStatus::Io)??;
+        let done = joined.map_err(|_| FsStatus::Io).and_then(|r| r);
+        result = result.and(done);
     }
-    Ok(())
+    result
+}
+
+/// Makes every change that returned so far durable on each of `targets`, at once.
+pub(crate) async fn sync_targets(
+    storage: &StorageConns,
+    targets: impl IntoIterator<Item = TargetId>,
+) -> FsResult<()> {
+    let mut syncs = JoinSet::new();
+    for target in targets {
+        let storage = storage.clone();
+        syncs.spawn(async move { storage.target_sync(TargetSync { target }).await });
+    }
+    let mut result = Ok(());
+    while let Some(joined) = syncs.join_next().await {
+        let done = joined.map_err(|_| FsStatus::Io).and_then(|r| r);
+        result = result.and(done);
+    }
+    result
 }
 
 #[cfg(test)]

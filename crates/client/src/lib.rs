@@ -6,6 +6,7 @@
 //! (close) and `fsync` wait for them and report the first error, and `fsync` also makes every
 //! target the file touches and the metadata durable. Sequential reads prefetch whole chunks.
 //! Consistency is close-to-open: `open` fetches fresh attributes, `flush` publishes the size.
+//! Block volumes ([`Client::volume`]) go through the same storage connections, write-through.
 //!
 //! The API is synchronous (the FUSE mount calls it from its worker threads) and runs its
 //! requests on a tokio runtime it is given.
@@ -13,13 +14,14 @@
 mod data;
 mod files;
 mod transport;
+mod volume;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, TargetId};
+use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, ObjectId, TargetId};
 use stria_proto::wire::{
     Attr, Caller, DirEntry, FileKind, MetaReply, MetaRequest, Released, RenameFlags, SetAttr,
     StatFs, TargetInfo, XattrSetMode,
@@ -29,6 +31,7 @@ use tokio::runtime::Handle;
 pub use files::FileHandleId;
 use files::OpenFiles;
 use transport::{MetaConn, StorageConns};
+pub use volume::{VOLUME_IO_BYTES_MAX, VOLUME_REQUESTS_IN_FLIGHT_MAX, VolumeExtent, VolumeIo};
 
 /// Where the services are and how the client behaves.
 #[derive(Clone, Debug)]
@@ -126,14 +129,17 @@ impl Client {
                 MetaReply::SetAttr { attr, old_size } => (attr, old_size),
                 other => return Err(unexpected(&other)),
             };
-        if truncating && attr.size < old_size {
-            if let Some(layout) = &attr.layout {
-                self.block(data::trim(&self.inner, ino, layout, attr.size))?;
-            }
+        if truncating
+            && attr.size < old_size
+            && let Some(layout) = &attr.layout
+        {
+            self.block(data::trim(&self.inner, ino, layout, attr.size))?;
         }
         Ok(self.inner.files.overlay(attr))
     }
 
+    // The arguments are those of mknod(2)/FUSE's create; the mount passes them straight on.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         caller: &Caller,
@@ -264,7 +270,7 @@ impl Client {
         let Some(Released { ino, layout: Some(layout) }) = released else {
             return Ok(());
         };
-        self.block(data::remove_object(&self.inner, ino, &layout))
+        self.block(data::remove_chunks(&self.inner.storage, ObjectId(ino), &layout, 0))
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {

@@ -10,8 +10,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
-    ChunkRead, ChunkTruncate, ChunkWrite, MetaReply, MetaRequest, ObjectRemove, TargetFailDrive,
-    TargetInfo, TargetSync, meta_method, storage_method,
+    ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, MetaReply,
+    MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive, TargetInfo,
+    TargetSync, meta_method, storage_method,
 };
 use tokio::sync::OnceCell;
 
@@ -152,6 +153,25 @@ impl StorageConns {
         let ((), _) =
             conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new()).await?;
         Ok(())
+    }
+
+    pub async fn chunk_punch(&self, request: ChunkPunch) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let ((), _) = conn.call_typed(storage_method::CHUNK_PUNCH, &request, Bytes::new()).await?;
+        Ok(())
+    }
+
+    pub async fn chunk_map(&self, request: ChunkMap) -> FsResult<ChunkMapReply> {
+        let conn = self.conn(request.target)?;
+        let (reply, _) = conn.call_typed(storage_method::CHUNK_MAP, &request, Bytes::new()).await?;
+        Ok(reply)
+    }
+
+    pub async fn object_space(&self, request: ObjectSpace) -> FsResult<ObjectSpaceReply> {
+        let conn = self.conn(request.target)?;
+        let (reply, _) =
+            conn.call_typed(storage_method::OBJECT_SPACE, &request, Bytes::new()).await?;
+        Ok(reply)
     }
 
     pub async fn target_sync(&self, request: TargetSync) -> FsResult<()> {

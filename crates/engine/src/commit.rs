@@ -85,11 +85,14 @@ impl Committer {
         }
     }
 
-    /// Runs `flush` (the array flush) and then a durable commit, with no commit in between.
+    /// Runs `flush` (the array flush) and then a durable commit, with no commit in between,
+    /// then `done` with the outcome, still under the commit lock: a sync that waited for this
+    /// one sees everything `done` did.
     pub(crate) fn durable(
         &self,
         db: &Database,
         flush: impl FnOnce() -> Result<(), EngineError>,
+        done: impl FnOnce(bool),
     ) -> Result<(), EngineError> {
         self.check()?;
         let _commit = lock(&self.commit_lock);
@@ -99,6 +102,7 @@ impl Committer {
             tx.commit()?;
             Ok(())
         });
+        done(result.is_ok());
         if let Err(e) = &result {
             tracing::error!("sync failed, target goes read-only: {e}");
             lock(&self.queue).failed.get_or_insert_with(|| format!("sync failed: {e}"));

@@ -266,13 +266,13 @@ impl Engine {
         self.sb.target
     }
 
-    fn lock_of(&self, chunk: ChunkId) -> &RwLock<()> {
+    pub(crate) fn lock_of(&self, chunk: ChunkId) -> &RwLock<()> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         chunk.hash(&mut h);
         &self.locks[(h.finish() % CHUNK_LOCK_STRIPES as u64) as usize]
     }
 
-    fn load_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
+    pub(crate) fn load_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
         match commit::get(&self.db, key(chunk))? {
             None => Ok(None),
             Some(bytes) => ChunkRecord::decode(&bytes)
@@ -455,13 +455,34 @@ impl Engine {
     /// Makes `[offset, offset+len)` read as zeros and frees the whole blocks in it. The chunk
     /// length does not change; a missing chunk stays missing.
     pub fn punch(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<(), EngineError> {
+        self.punch_range(chunk, offset, len, false).map(|_| ())
+    }
+
+    /// As [`Engine::punch`], and a chunk left with no mapped block is removed; returns whether
+    /// it was. For volumes, whose chunks have no length that matters: a missing chunk reads as
+    /// zeros just as a hole does, and costs no record.
+    pub fn discard(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<bool, EngineError> {
+        self.punch_range(chunk, offset, len, true)
+    }
+
+    fn punch_range(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        len: u32,
+        drop_empty: bool,
+    ) -> Result<bool, EngineError> {
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
-        let Some(rec) = self.load_record(chunk)? else { return Ok(()) };
+        let Some(rec) = self.load_record(chunk)? else { return Ok(false) };
         let start = offset as u64;
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
         if start >= end {
-            return Ok(());
+            if drop_empty && rec.mapped_blocks() == 0 {
+                self.remove_locked(chunk, &rec)?;
+                return Ok(true);
+            }
+            return Ok(false);
         }
         let b = BLOCK as u64;
         let len_bytes = rec.len_bytes as u64;
@@ -493,8 +514,19 @@ impl Engine {
             segments.push(Segment { first_block: blk as u32, bytes });
         }
         let unmap = (lo < hi).then_some((lo as u32, hi as u32));
+        // Partial edge blocks keep data around the punched bytes, so only a punch without
+        // them can leave the chunk empty.
+        let unmapped = |i: usize| unmap.is_some_and(|(lo, hi)| (lo..hi).contains(&(i as u32)));
+        if drop_empty
+            && segments.is_empty()
+            && rec.blocks.iter().enumerate().all(|(i, slot)| slot.is_none() || unmapped(i))
+        {
+            self.remove_locked(chunk, &rec)?;
+            return Ok(true);
+        }
         let new_len = rec.len_bytes;
-        self.apply(chunk, rec, true, segments, unmap, new_len)
+        self.apply(chunk, rec, true, segments, unmap, new_len)?;
+        Ok(false)
     }
 
     /// Removes the chunk and frees its blocks. Returns whether it existed.
@@ -502,10 +534,16 @@ impl Engine {
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
         let Some(rec) = self.load_record(chunk)? else { return Ok(false) };
+        self.remove_locked(chunk, &rec)?;
+        Ok(true)
+    }
+
+    /// Deletes the record of `chunk` and parks its blocks; the chunk's lock is held exclusively.
+    fn remove_locked(&self, chunk: ChunkId, rec: &ChunkRecord) -> Result<(), EngineError> {
         self.committer.commit(&self.db, MapOp::Delete(key(chunk)))?;
         lock(&self.alloc).defer(&rec.physical_runs());
         self.chunks.fetch_sub(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(())
     }
 
     /// Removes every chunk of `object`; returns how many there were.
@@ -534,48 +572,61 @@ impl Engine {
         &self,
         range: std::ops::RangeInclusive<(u64, u64)>,
     ) -> Result<Vec<(ChunkId, u32)>, EngineError> {
+        let mut out = Vec::new();
+        self.scan_records(range, |chunk, rec| out.push((chunk, rec.len_bytes)))?;
+        Ok(out)
+    }
+
+    /// Calls `visit` with every record in `range`, in key order, from one read transaction
+    /// (a consistent view of the map).
+    pub(crate) fn scan_records(
+        &self,
+        range: std::ops::RangeInclusive<(u64, u64)>,
+        mut visit: impl FnMut(ChunkId, &ChunkRecord),
+    ) -> Result<(), EngineError> {
         let tx = self.db.begin_read()?;
         let table = tx.open_table(CHUNKS)?;
-        let mut out = Vec::new();
         for entry in table.range(range)? {
             let (k, v) = entry?;
             let (object, index) = k.value();
             let chunk = ChunkId { object: ObjectId(object), index };
             let rec = ChunkRecord::decode(v.value())
                 .map_err(|e| EngineError::MapCorrupt(format!("chunk {chunk}: {e}")))?;
-            out.push((chunk, rec.len_bytes));
+            visit(chunk, &rec);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Makes every change that returned before this call durable: the array is flushed, then
     /// the chunk map commits durably, then the blocks those changes freed become reusable.
     pub fn sync(&self) -> Result<(), EngineError> {
-        let mut pending = None;
-        let result = self.committer.durable(&self.db, || {
-            // The open stripe closes before the flush: its blocks are about to become durable
-            // and must never be written again.
-            if let Some(p) = &self.packer {
-                p.close(&self.alloc);
-            }
-            // Taken under the commit lock: every pending run belongs to a commit that the
-            // durable commit below covers.
-            pending = Some(lock(&self.alloc).take_pending());
-            self.array.flush()?;
-            Ok(())
-        });
-        let pending = pending.unwrap_or_default();
-        let mut alloc = lock(&self.alloc);
-        match result {
-            Ok(()) => {
-                alloc.release(&pending);
+        let pending = std::cell::RefCell::new(Vec::new());
+        self.committer.durable(
+            &self.db,
+            || {
+                // The open stripe closes before the flush: its blocks are about to become
+                // durable and must never be written again.
+                if let Some(p) = &self.packer {
+                    p.close(&self.alloc);
+                }
+                // Taken under the commit lock: every pending run belongs to a commit that the
+                // durable commit below covers.
+                *pending.borrow_mut() = lock(&self.alloc).take_pending();
+                self.array.flush()?;
                 Ok(())
-            }
-            Err(e) => {
-                alloc.restore_pending(pending);
-                Err(e)
-            }
-        }
+            },
+            // Still under the commit lock, so a writer short of space that syncs after this
+            // one finds the freed blocks.
+            |synced| {
+                let pending = pending.take();
+                let mut alloc = lock(&self.alloc);
+                if synced {
+                    alloc.release(&pending);
+                } else {
+                    alloc.restore_pending(pending);
+                }
+            },
+        )
     }
 
     /// Space in the data area and the number of chunks.
@@ -595,20 +646,15 @@ impl Engine {
     }
 
     /// Allocates `n` blocks; when short, syncs once so blocks pending a durable commit (and the
-    /// open stripe's unused tail) free up.
+    /// open stripe's unused tail) free up, then tries again.
     fn allocate(&self, n: u64) -> Result<Vec<Run>, EngineError> {
-        let short = {
-            let mut alloc = lock(&self.alloc);
-            match alloc.allocate(n) {
-                Some(runs) => return Ok(runs),
-                None => alloc.pending_blocks() > 0,
-            }
-        };
-        // A sync also hands back the open stripe's unused tail.
-        let open_tail = self.packer.as_ref().map_or(0, Packer::reserved_free_blocks);
-        if short || open_tail > 0 {
-            self.sync()?;
+        if let Some(runs) = lock(&self.alloc).allocate(n) {
+            return Ok(runs);
         }
+        // Short: a sync frees the parked blocks and the open stripe's unused tail. It runs even
+        // when none are parked now, because another writer's sync may hold them half way; this
+        // sync waits for that one to finish handing them back.
+        self.sync()?;
         let mut alloc = lock(&self.alloc);
         alloc.allocate(n).ok_or(EngineError::NoSpace {
             needed_bytes: n * BLOCK as u64,

@@ -28,9 +28,11 @@ mod packer;
 mod record;
 mod superblock;
 pub mod testing;
+mod usage;
 
 pub use engine::{Engine, MAP_FILE_NAME, SpaceStats, WriteDone};
 pub use error::EngineError;
+pub use usage::ObjectUsage;
 
 /// The engine's block: the unit of allocation and of checksums.
 pub(crate) const BLOCK: usize = stria_proto::BLOCK_BYTES;

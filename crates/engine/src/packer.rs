@@ -82,7 +82,7 @@ impl Packer {
     pub(crate) fn for_array(array: &Array) -> Option<Packer> {
         let g = array.geometry();
         let stripe_blocks = g.stripe_data_bytes() / BLOCK as u64;
-        if !g.level.is_parity() || stripe_blocks < 2 || stripe_blocks > IMAGE_BLOCKS_MAX {
+        if !g.level.is_parity() || !(2..=IMAGE_BLOCKS_MAX).contains(&stripe_blocks) {
             return None;
         }
         Some(Packer {

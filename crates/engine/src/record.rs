@@ -110,6 +110,27 @@ impl ChunkRecord {
         Ok(ChunkRecord { len_bytes: disk.len_bytes, blocks })
     }
 
+    /// The mapped logical blocks as runs `(first block, blocks)`, in logical order; the
+    /// blocks between runs are holes.
+    pub(crate) fn mapped_runs(&self) -> Vec<(u32, u32)> {
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for (i, slot) in self.blocks.iter().enumerate() {
+            if slot.is_none() {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == i as u32 => *n += 1,
+                _ => runs.push((i as u32, 1)),
+            }
+        }
+        runs
+    }
+
+    /// How many logical blocks are mapped (hold data).
+    pub(crate) fn mapped_blocks(&self) -> u64 {
+        self.blocks.iter().flatten().count() as u64
+    }
+
     /// The physical blocks this record holds, as sorted runs `(start, blocks)`.
     pub(crate) fn physical_runs(&self) -> Vec<(u64, u64)> {
         let mut physical: Vec<u64> = self.blocks.iter().flatten().map(|b| b.physical).collect();
@@ -145,6 +166,8 @@ mod tests {
         assert!(bytes.len() < 60, "record is {} bytes", bytes.len());
         assert_eq!(ChunkRecord::decode(&bytes), Ok(rec.clone()));
         assert_eq!(rec.physical_runs(), vec![(5, 1), (102, 6)]);
+        assert_eq!(rec.mapped_runs(), vec![(2, 6), (9, 1)]);
+        assert_eq!(rec.mapped_blocks(), 7);
     }
 
     #[test]

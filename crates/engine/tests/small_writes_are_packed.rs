@@ -113,3 +113,34 @@ fn filling_the_array_with_small_writes_uses_every_block() {
         assert_eq!(engine.read(chunk(i, 0), 0, 4096).expect("read"), block);
     }
 }
+
+#[test]
+fn overwriting_far_more_than_the_capacity_never_runs_out_of_space() {
+    let (_drives, array) = raid5(4);
+    let dir = temp_dir("packed-overwrite");
+    let engine = Arc::new(Engine::create(array.clone(), &dir, TargetId(1)).expect("create"));
+    let capacity = engine.space().total_bytes;
+    // A working set of a quarter of the target, rewritten until five capacities went by, with
+    // no sync from the caller: parked blocks must come back when space runs short.
+    let chunks = (capacity / 4 / (64 * 1024)).max(1);
+    let per_thread = 5 * capacity / 4 / 16384;
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let engine = engine.clone();
+            thread::spawn(move || {
+                let mut rng = Rng::new(500 + t);
+                for i in 0..per_thread {
+                    let c = chunk(1, rng.below(chunks));
+                    let offset = rng.below(4) as u32 * 16384;
+                    let data = rng.bytes(16384);
+                    if let Err(e) = engine.write(c, offset, &data, None) {
+                        panic!("thread {t} write {i}: {e} ({:?})", engine.space());
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+}

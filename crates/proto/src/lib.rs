@@ -6,6 +6,8 @@
 use std::fmt;
 
 pub mod fs;
+pub mod mgmt;
+pub mod net;
 pub mod wire;
 
 /// The size of the logical block every Stria device and array exposes. Reads and writes are

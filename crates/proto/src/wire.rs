@@ -24,6 +24,12 @@ pub mod storage_method {
     pub const TARGET_LIST: u16 = 2005;
     /// Administrative: mark one drive of a target failed (the array goes degraded).
     pub const TARGET_FAIL_DRIVE: u16 = 2006;
+    /// Make a byte range of a chunk read as zeros, freeing its whole blocks (volume trim).
+    pub const CHUNK_PUNCH: u16 = 2007;
+    /// Which blocks of a chunk hold data (volume block status).
+    pub const CHUNK_MAP: u16 = 2008;
+    /// How many chunks and bytes one object holds on a target (volume allocated size).
+    pub const OBJECT_SPACE: u16 = 2009;
 }
 
 /// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
@@ -472,6 +478,60 @@ pub struct ObjectRemove {
     pub target: TargetId,
     pub object: ObjectId,
     pub from_index: u64,
+}
+
+/// Makes `[offset, offset + len)` of a chunk read as zeros: whole blocks in the range are
+/// freed, partial edge blocks are rewritten with the range zeroed. A chunk left with no block
+/// holding data is removed (it reads as zeros just the same); a missing chunk stays missing.
+/// The range must end within [`crate::fs::CHUNK_BYTES_MAX`], or the request is `Invalid`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkPunch {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub offset: u32,
+    pub len: u32,
+}
+
+/// Asks which blocks of a chunk hold data; the reply is a [`ChunkMapReply`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkMap {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+}
+
+/// A run of logical 4 KiB blocks ([`crate::BLOCK_BYTES`]) of a chunk that hold data.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct BlockRun {
+    pub first_block: u32,
+    pub blocks: u32,
+}
+
+/// The mapped runs of a chunk in block order; every block outside them is a hole (reads as
+/// zeros). A missing chunk has none. At most [`CHUNK_MAP_RUNS_MAX`] runs.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChunkMapReply {
+    pub runs: Vec<BlockRun>,
+}
+
+/// Most runs a chunk can have: every other block of the largest chunk mapped.
+pub const CHUNK_MAP_RUNS_MAX: usize =
+    (crate::fs::CHUNK_BYTES_MAX as usize / crate::BLOCK_BYTES).div_ceil(2);
+// The largest map reply (about 10 bytes a run) fits one RPC message with room to spare.
+const _: () = assert!(CHUNK_MAP_RUNS_MAX * 10 < 1024 * 1024);
+
+/// Asks what one object holds on one target; the reply is an [`ObjectSpaceReply`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ObjectSpace {
+    pub target: TargetId,
+    pub object: ObjectId,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct ObjectSpaceReply {
+    /// Bytes of the blocks that hold the object's data (4 KiB per mapped block).
+    pub allocated_bytes: u64,
+    /// The object's chunks on this target.
+    pub chunks: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

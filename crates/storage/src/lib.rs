@@ -13,9 +13,10 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stria_engine::{Engine, EngineError};
-use stria_proto::fs::{ChunkId, FsStatus, TargetId};
+use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
 use stria_proto::wire::{
-    ChunkRead, ChunkTruncate, ChunkWrite, ObjectRemove, TargetFailDrive, TargetInfo, TargetSync,
+    BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
+    ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive, TargetInfo, TargetSync,
     storage_method,
 };
 use stria_raid::Array;
@@ -154,6 +155,37 @@ impl StorageService {
                 }
                 tracing::warn!(target = %f.target, slot = f.slot, "drive failed by operator request");
                 Ok((encode(&target.info())?, Bytes::new()))
+            }
+            storage_method::CHUNK_PUNCH => {
+                let p: ChunkPunch = decode(message)?;
+                if p.offset as u64 + p.len as u64 > CHUNK_BYTES_MAX as u64 {
+                    tracing::debug!(chunk = %p.chunk, offset = p.offset, len = p.len,
+                        "punch past the chunk limit refused");
+                    return Err(FsStatus::Invalid.rpc_code());
+                }
+                let target = self.target(p.target).map_err(FsStatus::rpc_code)?;
+                target.engine.discard(p.chunk, p.offset, p.len).map_err(status_of)?;
+                Ok((encode(&())?, Bytes::new()))
+            }
+            storage_method::CHUNK_MAP => {
+                let m: ChunkMap = decode(message)?;
+                let target = self.target(m.target).map_err(FsStatus::rpc_code)?;
+                let runs = target.engine.mapped_runs(m.chunk).map_err(status_of)?;
+                let runs = runs
+                    .into_iter()
+                    .map(|(first_block, blocks)| BlockRun { first_block, blocks })
+                    .collect();
+                Ok((encode(&ChunkMapReply { runs })?, Bytes::new()))
+            }
+            storage_method::OBJECT_SPACE => {
+                let o: ObjectSpace = decode(message)?;
+                let target = self.target(o.target).map_err(FsStatus::rpc_code)?;
+                let usage = target.engine.object_usage(o.object).map_err(status_of)?;
+                let reply = ObjectSpaceReply {
+                    allocated_bytes: usage.allocated_bytes(),
+                    chunks: usage.chunks,
+                };
+                Ok((encode(&reply)?, Bytes::new()))
             }
             storage_method::TARGET_LIST => {
                 let infos: Vec<TargetInfo> = self.targets.values().map(|t| t.info()).collect();

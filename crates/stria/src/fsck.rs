@@ -1,7 +1,8 @@
 //! `stria fsck`: checks a stopped node end to end. The namespace (every name leads to an
 //! inode, link counts match the names), the chunks (each belongs to a live file, sits on the
 //! target its layout names, lies inside the file's size and reads back with valid checksums),
-//! and every target's RAID redundancy (a read-only check).
+//! and every target's RAID redundancy (a read-only check). Chunks of block volumes are checked
+//! against the volume registry the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use stria_meta::{Caller, FileKind, Meta};
-use stria_proto::fs::{FileLayout, Ino, ROOT_INO, TargetId};
+use stria_proto::fs::{FileLayout, Ino, ObjectId, ROOT_INO, TargetId};
 
 use crate::up::{NodeRecord, RunRecord, open_target};
 
@@ -56,6 +57,13 @@ pub fn run(args: FsckArgs) -> Result<()> {
     let meta = crate::node::open_meta(&args.data.join("meta/namespace.redb"), &ids)?;
 
     let seen = walk_namespace(&meta, &mut problems)?;
+    let registry_path = args.data.join("mgmt/registry.redb");
+    let volumes: BTreeMap<u64, stria_mgmt::VolumeRecord> = if registry_path.exists() {
+        let registry = stria_mgmt::Registry::open(&registry_path)?;
+        registry.volumes()?.into_iter().map(|v| (v.object.0, v)).collect()
+    } else {
+        BTreeMap::new()
+    };
     let orphans: BTreeSet<Ino> = meta.orphans().context("listing orphans")?.into_iter().collect();
     let files = seen.values().filter(|s| s.kind == FileKind::File).count();
     for (ino, s) in &seen {
@@ -79,15 +87,15 @@ pub fn run(args: FsckArgs) -> Result<()> {
             let ino = chunk.object.0;
             // Strays: a crash can leave chunks whose metadata never became durable (a create,
             // a spill of an inline file, a size). Nothing reads them; they only take space.
-            let stray = match seen.get(&ino) {
+            // Volume chunks belong to the registry's volumes instead of the namespace.
+            let owner: Option<(u64, &FileLayout)> = if ino & ObjectId::VOLUME_BIT != 0 {
+                volumes.get(&ino).map(|v| (v.size_bytes, &v.layout))
+            } else {
+                seen.get(&ino).and_then(|f| f.layout.as_ref().map(|l| (f.size, l)))
+            };
+            let stray = match owner {
                 None => !orphans.contains(&ino),
-                Some(file) => {
-                    file.layout.is_none()
-                        || file
-                            .layout
-                            .as_ref()
-                            .is_some_and(|l| chunk.index * l.chunk_bytes as u64 >= file.size)
-                }
+                Some((size, l)) => chunk.index * l.chunk_bytes as u64 >= size,
             };
             if stray {
                 strays += 1;
@@ -99,7 +107,7 @@ pub fn run(args: FsckArgs) -> Result<()> {
                 }
                 continue;
             }
-            let Some(layout) = seen.get(&ino).and_then(|f| f.layout.as_ref()) else {
+            let Some((_, layout)) = owner else {
                 continue;
             };
             if layout.target_of(chunk.index) != target.id {

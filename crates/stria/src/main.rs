@@ -7,6 +7,7 @@
 
 mod fs_cmd;
 mod fsck;
+mod gateway;
 mod interrupt;
 mod node;
 mod raid_bench;
@@ -18,6 +19,7 @@ mod rng;
 mod torture;
 mod units;
 mod up;
+mod volume_cmd;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -59,6 +61,15 @@ enum Command {
     /// Software RAID 0, 1, 10, 5 and 6 over block devices or drive files: create, inspect,
     /// fail, replace, rebuild, scrub, raw read/write and benchmark.
     Raid(raid_cmd::RaidArgs),
+    /// Block volumes: create, list, show, resize, delete.
+    #[command(subcommand)]
+    Volume(volume_cmd::VolumeCommand),
+    /// NBD exports of volumes: add, list, remove.
+    #[command(subcommand)]
+    Export(volume_cmd::ExportCommand),
+    /// Who may use an export: allow, deny, list.
+    #[command(subcommand)]
+    Initiator(volume_cmd::InitiatorCommand),
 }
 
 /// The command line asked for something impossible (exit code 2). Every other error is a
@@ -99,6 +110,9 @@ fn main() -> ExitCode {
         Command::Target(command) => fs_cmd::target(command),
         Command::Fsck(args) => fsck::run(args),
         Command::Raid(args) => raid_cmd::run(args),
+        Command::Volume(command) => volume_cmd::volume(command),
+        Command::Export(command) => volume_cmd::export(command),
+        Command::Initiator(command) => volume_cmd::initiator(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -65,7 +65,7 @@ impl Service for StorageRpc {
     }
 }
 
-fn bind_error(addr: SocketAddr, role: &str, flag: &str, e: std::io::Error) -> anyhow::Error {
+pub fn bind_error(addr: SocketAddr, role: &str, flag: &str, e: std::io::Error) -> anyhow::Error {
     if e.kind() == std::io::ErrorKind::AddrInUse {
         anyhow::anyhow!(
             "the {role} address {addr} is in use: is another `stria up` running? pick another with {flag}"

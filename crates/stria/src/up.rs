@@ -10,6 +10,7 @@
 //! DATA/drives/tT-dI.img       drive I of target T (sparse files)
 //! DATA/targets/T/             target T's chunk map
 //! DATA/meta/namespace.redb    the namespace
+//! DATA/mgmt/registry.redb     volumes, exports, initiator access lists
 //! DATA/logs/stria.log         the log
 //! DATA/run.json               addresses of the running node (removed at a clean stop)
 //! DATA/mnt                    the default mount point
@@ -66,6 +67,15 @@ pub struct UpArgs {
     /// Address of the storage service (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7412")]
     pub storage_listen: SocketAddr,
+    /// Address of the management service the CLI talks to (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:7413")]
+    pub mgmt_listen: SocketAddr,
+    /// Address of the NBD gateway serving volume exports (10809 is NBD's port; 0 picks one).
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    pub nbd_listen: SocketAddr,
+    /// Do not serve NBD exports.
+    #[arg(long)]
+    pub no_nbd: bool,
 }
 
 fn parse_level(text: &str) -> Result<Level, String> {
@@ -103,6 +113,12 @@ pub struct RunRecord {
     pub meta: SocketAddr,
     pub storage: SocketAddr,
     pub mount: Option<PathBuf>,
+    /// The management service (absent in records of older nodes).
+    #[serde(default)]
+    pub mgmt: Option<SocketAddr>,
+    /// The NBD gateway, when it runs.
+    #[serde(default)]
+    pub nbd: Option<SocketAddr>,
 }
 
 impl NodeRecord {
@@ -181,6 +197,36 @@ pub fn run(args: UpArgs) -> Result<()> {
         ),
     );
 
+    std::fs::create_dir_all(data.join("mgmt"))?;
+    let registry = stria_mgmt::Registry::open(&data.join("mgmt/registry.redb"))?;
+    let pools: stria_mgmt::PoolResolver = {
+        let targets = pool_targets.clone();
+        Arc::new(move |pool: &str| if pool == "default" { targets.clone() } else { Vec::new() })
+    };
+    let mgmt = stria_mgmt::Mgmt::new(registry, client.clone(), pools)?;
+    let mgmt_server = runtime
+        .block_on(stria_rpc::Server::bind(args.mgmt_listen))
+        .map_err(|e| crate::node::bind_error(args.mgmt_listen, "management", "--mgmt-listen", e))?;
+    let mgmt_addr = mgmt_server.local_addr();
+    let mgmt_handle = mgmt_server.shutdown_handle();
+    let mgmt_task = runtime.spawn({
+        let service = Arc::new(stria_mgmt::MgmtRpc(mgmt.clone()));
+        async move {
+            if let Err(e) = mgmt_server.serve(service).await {
+                tracing::error!(%e, "management server stopped");
+            }
+        }
+    });
+    let gateway = if args.no_nbd {
+        None
+    } else {
+        let gateway = runtime
+            .block_on(crate::gateway::NbdGateway::start(args.nbd_listen, client.clone()))
+            .map_err(|e| crate::node::bind_error(args.nbd_listen, "NBD", "--nbd-listen", e))?;
+        mgmt.set_gateway(gateway.clone())?;
+        Some(gateway)
+    };
+
     let mount_point = if args.no_mount {
         None
     } else {
@@ -202,6 +248,8 @@ pub fn run(args: UpArgs) -> Result<()> {
         meta: services.meta_addr,
         storage: services.storage_addr,
         mount: mount.as_ref().and(mount_point.clone()),
+        mgmt: Some(mgmt_addr),
+        nbd: gateway.as_ref().map(|g| g.local_addr()),
     };
     std::fs::write(data.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
 
@@ -216,6 +264,12 @@ pub fn run(args: UpArgs) -> Result<()> {
             result = Err(anyhow::anyhow!("unmount failed: {e}"));
         }
     }
+    if let Some(gateway) = &gateway {
+        runtime.block_on(gateway.shutdown());
+    }
+    mgmt_handle.shutdown();
+    let _ = runtime.block_on(mgmt_task);
+    drop(mgmt);
     drop(client);
     runtime.block_on(services.shutdown());
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -425,5 +479,11 @@ fn print_banner(
     }
     println!("  logs     {}", log_path.display());
     println!("  meta     {}   storage {}", run.meta, run.storage);
+    if let Some(mgmt) = run.mgmt {
+        println!("  mgmt     {mgmt}   (stria volume / export / initiator talk to it)");
+    }
+    if let Some(nbd) = run.nbd {
+        println!("  nbd      nbd://{nbd}/EXPORT");
+    }
     println!("Ctrl-C or SIGTERM stops the node and unmounts cleanly.");
 }

@@ -50,6 +50,10 @@ impl Node {
             "127.0.0.1:0".into(),
             "--storage-listen".into(),
             "127.0.0.1:0".into(),
+            "--mgmt-listen".into(),
+            "127.0.0.1:0".into(),
+            "--nbd-listen".into(),
+            "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut node = Node { child: None, data: data.to_path_buf(), mount, args };

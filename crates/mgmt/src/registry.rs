@@ -1,0 +1,282 @@
+//! The registry: volumes and exports with their access lists, in one redb file. Every change is
+//! one durable transaction; the registry is small and changes rarely.
+
+use std::path::Path;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use stria_proto::fs::{FileLayout, ObjectId};
+use stria_proto::mgmt::{MgmtError, MgmtStatus};
+
+const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
+const EXPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("exports");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const NEXT_VOLUME_ID: &str = "next_volume_id";
+const FORMAT_VERSION: &str = "format_version";
+const FORMAT: u64 = 1;
+
+/// A volume's lifecycle state.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum VolumeState {
+    Online,
+    /// Delete started: the data is being removed; the record goes when it is gone. A node that
+    /// restarts finishes the job.
+    Deleting,
+}
+
+impl VolumeState {
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeState::Online => "online",
+            VolumeState::Deleting => "deleting",
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    pub object: ObjectId,
+    pub size_bytes: u64,
+    pub layout: FileLayout,
+    pub state: VolumeState,
+    pub created_unix_s: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct AclRule {
+    /// Normalised CIDR text (`IpNet`'s display form).
+    pub net: String,
+    pub tls_identity: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ExportRecord {
+    pub name: String,
+    pub volume: String,
+    pub read_only: bool,
+    pub description: String,
+    pub acl: Vec<AclRule>,
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> MgmtError {
+    MgmtError::new(MgmtStatus::Internal, format!("registry: {what}: {e}"))
+}
+
+fn not_found(kind: &str, name: &str) -> MgmtError {
+    MgmtError::new(MgmtStatus::NotFound, format!("no {kind} named '{name}'"))
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(
+    kind: &str,
+    name: &str,
+    bytes: &[u8],
+) -> Result<T, MgmtError> {
+    postcard::from_bytes(bytes).map_err(|e| internal(&format!("{kind} '{name}' is damaged"), e))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, MgmtError> {
+    postcard::to_allocvec(value).map_err(|e| internal("encoding a record", e))
+}
+
+/// The registry file. All methods take `&self`; redb serialises writers.
+#[derive(Debug)]
+pub struct Registry {
+    db: Database,
+}
+
+impl Registry {
+    /// Opens (or creates) the registry at `path`.
+    pub fn open(path: &Path) -> Result<Registry, MgmtError> {
+        let db = Database::create(path)
+            .map_err(|e| internal(&format!("cannot open {}", path.display()), e))?;
+        let registry = Registry { db };
+        registry.write(|tx| {
+            tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+            tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+            let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
+            let format =
+                meta.get(FORMAT_VERSION).map_err(|e| internal("format", e))?.map(|v| v.value());
+            match format {
+                None => {
+                    meta.insert(FORMAT_VERSION, FORMAT).map_err(|e| internal("format", e))?;
+                }
+                Some(FORMAT) => {}
+                Some(other) => {
+                    return Err(MgmtError::new(
+                        MgmtStatus::Internal,
+                        format!(
+                            "{} has registry format {other}; this stria reads format {FORMAT}",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(registry)
+    }
+
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, MgmtError>,
+    ) -> Result<T, MgmtError> {
+        let mut tx = self.db.begin_write().map_err(|e| internal("begin", e))?;
+        tx.set_durability(Durability::Immediate).map_err(|e| internal("durability", e))?;
+        let out = f(&tx)?;
+        tx.commit().map_err(|e| internal("commit", e))?;
+        Ok(out)
+    }
+
+    pub fn volumes(&self) -> Result<Vec<VolumeRecord>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| internal("listing volumes", e))? {
+            let (k, v) = entry.map_err(|e| internal("listing volumes", e))?;
+            out.push(decode("volume", k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    pub fn volume(&self, name: &str) -> Result<VolumeRecord, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+        let v = table.get(name).map_err(|e| internal("reading a volume", e))?;
+        match v {
+            Some(v) => decode("volume", name, v.value()),
+            None => Err(not_found("volume", name)),
+        }
+    }
+
+    /// Records a new volume with the next free object id; `layout` says where its chunks go.
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        layout: FileLayout,
+        now_unix_s: u64,
+    ) -> Result<VolumeRecord, MgmtError> {
+        self.write(|tx| {
+            let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+            if volumes.get(name).map_err(|e| internal("reading a volume", e))?.is_some() {
+                return Err(MgmtError::new(
+                    MgmtStatus::Exists,
+                    format!("a volume named '{name}' exists already"),
+                ));
+            }
+            let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
+            let id =
+                meta.get(NEXT_VOLUME_ID).map_err(|e| internal("id", e))?.map_or(1, |v| v.value());
+            meta.insert(NEXT_VOLUME_ID, id + 1).map_err(|e| internal("id", e))?;
+            let record = VolumeRecord {
+                name: name.to_string(),
+                object: ObjectId(ObjectId::VOLUME_BIT | id),
+                size_bytes,
+                layout,
+                state: VolumeState::Online,
+                created_unix_s: now_unix_s,
+            };
+            volumes.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("insert", e))?;
+            Ok(record)
+        })
+    }
+
+    /// Changes a volume record in one transaction.
+    pub fn update_volume(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut VolumeRecord) -> Result<(), MgmtError>,
+    ) -> Result<VolumeRecord, MgmtError> {
+        self.write(|tx| {
+            let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+            let mut record: VolumeRecord =
+                match volumes.get(name).map_err(|e| internal("read", e))? {
+                    Some(v) => decode("volume", name, v.value())?,
+                    None => return Err(not_found("volume", name)),
+                };
+            change(&mut record)?;
+            volumes.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("update", e))?;
+            Ok(record)
+        })
+    }
+
+    /// Deletes the volume record (its data must be gone already).
+    pub fn remove_volume(&self, name: &str) -> Result<(), MgmtError> {
+        self.write(|tx| {
+            let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+            let removed = volumes.remove(name).map_err(|e| internal("remove", e))?.is_some();
+            if removed { Ok(()) } else { Err(not_found("volume", name)) }
+        })
+    }
+
+    pub fn exports(&self) -> Result<Vec<ExportRecord>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| internal("listing exports", e))? {
+            let (k, v) = entry.map_err(|e| internal("listing exports", e))?;
+            out.push(decode("export", k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Adds an export of an existing, online volume.
+    pub fn add_export(&self, export: ExportRecord) -> Result<ExportRecord, MgmtError> {
+        self.write(|tx| {
+            let volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+            let volume: VolumeRecord =
+                match volumes.get(export.volume.as_str()).map_err(|e| internal("read", e))? {
+                    Some(v) => decode("volume", &export.volume, v.value())?,
+                    None => return Err(not_found("volume", &export.volume)),
+                };
+            if volume.state != VolumeState::Online {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!("volume '{}' is being deleted", volume.name),
+                ));
+            }
+            let mut exports = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+            if exports.get(export.name.as_str()).map_err(|e| internal("read", e))?.is_some() {
+                return Err(MgmtError::new(
+                    MgmtStatus::Exists,
+                    format!("an export named '{}' exists already", export.name),
+                ));
+            }
+            exports
+                .insert(export.name.as_str(), encode(&export)?.as_slice())
+                .map_err(|e| internal("insert", e))?;
+            Ok(export)
+        })
+    }
+
+    pub fn remove_export(&self, name: &str) -> Result<ExportRecord, MgmtError> {
+        self.write(|tx| {
+            let mut exports = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+            let removed = exports.remove(name).map_err(|e| internal("remove", e))?;
+            match removed {
+                Some(v) => decode("export", name, v.value()),
+                None => Err(not_found("export", name)),
+            }
+        })
+    }
+
+    /// Changes an export's record (its access list) in one transaction.
+    pub fn update_export(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut ExportRecord) -> Result<(), MgmtError>,
+    ) -> Result<ExportRecord, MgmtError> {
+        self.write(|tx| {
+            let mut exports = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+            let mut record: ExportRecord =
+                match exports.get(name).map_err(|e| internal("read", e))? {
+                    Some(v) => decode("export", name, v.value())?,
+                    None => return Err(not_found("export", name)),
+                };
+            change(&mut record)?;
+            exports.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("update", e))?;
+            Ok(record)
+        })
+    }
+}

@@ -1,0 +1,391 @@
+//! Requests against the registry, with their data work and the gateway kept in step.
+
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use stria_client::Client;
+use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FileLayout, FsStatus, TargetId};
+use stria_proto::mgmt::{
+    ACL_RULES_MAX, AclRuleInfo, ExportInfo, MgmtError, MgmtReply, MgmtRequest, MgmtResult,
+    MgmtStatus, VOLUME_ALIGN_BYTES, VOLUME_BYTES_MAX, VolumeInfo, check_name, mgmt_method,
+};
+use stria_proto::net::IpNet;
+use stria_rpc::{BoxFuture, Request, Response, Service};
+
+use crate::registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
+
+/// The targets of a pool, by name; empty when there is no such pool.
+pub type PoolResolver = Arc<dyn Fn(&str) -> Vec<TargetId> + Send + Sync>;
+
+/// Live figures of one export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    pub connections: u64,
+    pub refused: u64,
+}
+
+/// What serves the exports (the NBD gateway). `apply` gets the whole current set after every
+/// change, each export with its volume.
+pub trait Gateway: Send + Sync {
+    fn apply(&self, exports: Vec<(ExportRecord, VolumeRecord)>);
+    fn stats(&self, export: &str) -> ExportStats;
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn fs_error(what: &str, status: FsStatus) -> MgmtError {
+    let kind = if status == FsStatus::NoSpace { MgmtStatus::NoSpace } else { MgmtStatus::Internal };
+    MgmtError::new(kind, format!("{what}: {status}"))
+}
+
+fn invalid(message: String) -> MgmtError {
+    MgmtError::new(MgmtStatus::Invalid, message)
+}
+
+fn check_size(size: u64) -> Result<(), MgmtError> {
+    if size == 0 || size % VOLUME_ALIGN_BYTES != 0 || size > VOLUME_BYTES_MAX {
+        return Err(invalid(format!(
+            "volume size {size} must be a non-zero multiple of {VOLUME_ALIGN_BYTES} bytes, at \
+             most {} TiB",
+            VOLUME_BYTES_MAX >> 40
+        )));
+    }
+    Ok(())
+}
+
+fn parse_rule(net: &str, tls_identity: Option<String>) -> Result<AclRule, MgmtError> {
+    let net: IpNet =
+        net.parse().map_err(|e: stria_proto::net::IpNetError| invalid(e.to_string()))?;
+    if let Some(id) = &tls_identity
+        && (id.is_empty() || id.len() > 255 || id.chars().any(char::is_control))
+    {
+        return Err(invalid(format!("TLS identity '{id}' must be 1 to 255 printable characters")));
+    }
+    Ok(AclRule { net: net.to_string(), tls_identity })
+}
+
+/// The management service. Cheap to clone.
+#[derive(Clone)]
+pub struct Mgmt {
+    registry: Arc<Registry>,
+    client: Client,
+    pools: PoolResolver,
+    gateway: Arc<RwLock<Option<Arc<dyn Gateway>>>>,
+}
+
+impl std::fmt::Debug for Mgmt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mgmt").field("registry", &self.registry).finish_non_exhaustive()
+    }
+}
+
+impl Mgmt {
+    /// A service over `registry`, doing data work through `client`. Finishes deletes that a
+    /// stop interrupted.
+    pub fn new(registry: Registry, client: Client, pools: PoolResolver) -> Result<Mgmt, MgmtError> {
+        let mgmt = Mgmt {
+            registry: Arc::new(registry),
+            client,
+            pools,
+            gateway: Arc::new(RwLock::new(None)),
+        };
+        for volume in mgmt.registry.volumes()? {
+            if volume.state == VolumeState::Deleting {
+                tracing::info!(volume = %volume.name, "finishing an interrupted volume delete");
+                mgmt.finish_delete(&volume)?;
+            }
+        }
+        Ok(mgmt)
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Connects the gateway and gives it the current exports.
+    pub fn set_gateway(&self, gateway: Arc<dyn Gateway>) -> Result<(), MgmtError> {
+        *self.gateway.write().unwrap_or_else(|e| e.into_inner()) = Some(gateway);
+        self.publish()
+    }
+
+    fn gateway(&self) -> Option<Arc<dyn Gateway>> {
+        self.gateway.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sends the current exports to the gateway.
+    fn publish(&self) -> Result<(), MgmtError> {
+        let Some(gateway) = self.gateway() else { return Ok(()) };
+        let volumes = self.registry.volumes()?;
+        let mut set = Vec::new();
+        for export in self.registry.exports()? {
+            if let Some(v) = volumes.iter().find(|v| v.name == export.volume) {
+                set.push((export, v.clone()));
+            }
+        }
+        gateway.apply(set);
+        Ok(())
+    }
+
+    /// Carries out one request. Blocking: call it off the async runtime.
+    pub fn handle(&self, request: MgmtRequest) -> MgmtResult {
+        let op = request.op_name();
+        let result = self.dispatch(request);
+        match &result {
+            Ok(_) => tracing::debug!(op, "management request done"),
+            Err(e) => tracing::info!(op, status = ?e.status, "management request refused: {e}"),
+        }
+        result
+    }
+
+    fn dispatch(&self, request: MgmtRequest) -> MgmtResult {
+        match request {
+            MgmtRequest::VolumeCreate { name, size_bytes, pool, stripe_count, stripe_bytes } => {
+                self.create_volume(&name, size_bytes, &pool, stripe_count, stripe_bytes)
+            }
+            MgmtRequest::VolumeList => {
+                let volumes = self.registry.volumes()?;
+                Ok(MgmtReply::Volumes(volumes.iter().map(|v| self.volume_info(v)).collect()))
+            }
+            MgmtRequest::VolumeShow { name } => {
+                Ok(MgmtReply::Volume(self.volume_info(&self.registry.volume(&name)?)))
+            }
+            MgmtRequest::VolumeResize { name, size_bytes, force } => {
+                self.resize_volume(&name, size_bytes, force)
+            }
+            MgmtRequest::VolumeDelete { name } => self.delete_volume(&name),
+            MgmtRequest::ExportAdd { volume, name, read_only, description } => {
+                let name = name.unwrap_or_else(|| volume.clone());
+                check_name("export", &name)?;
+                if description.len() > 1024 {
+                    return Err(invalid("an export description is at most 1024 bytes".into()));
+                }
+                let export = self.registry.add_export(ExportRecord {
+                    name,
+                    volume,
+                    read_only,
+                    description,
+                    acl: Vec::new(),
+                })?;
+                self.publish()?;
+                Ok(MgmtReply::Export(self.export_info(&export)))
+            }
+            MgmtRequest::ExportList => {
+                let exports = self.registry.exports()?;
+                Ok(MgmtReply::Exports(exports.iter().map(|e| self.export_info(e)).collect()))
+            }
+            MgmtRequest::ExportRemove { name } => {
+                let export = self.registry.remove_export(&name)?;
+                self.publish()?;
+                Ok(MgmtReply::Export(self.export_info(&export)))
+            }
+            MgmtRequest::InitiatorAllow { export, net, tls_identity } => {
+                let rule = parse_rule(&net, tls_identity)?;
+                let record = self.registry.update_export(&export, |e| {
+                    if !e.acl.contains(&rule) {
+                        if e.acl.len() >= ACL_RULES_MAX {
+                            return Err(invalid(format!(
+                                "export '{export}' has {ACL_RULES_MAX} rules already"
+                            )));
+                        }
+                        e.acl.push(rule.clone());
+                    }
+                    Ok(())
+                })?;
+                self.publish()?;
+                Ok(MgmtReply::Export(self.export_info(&record)))
+            }
+            MgmtRequest::InitiatorDeny { export, net, tls_identity } => {
+                let rule = parse_rule(&net, tls_identity)?;
+                let record = self.registry.update_export(&export, |e| {
+                    let before = e.acl.len();
+                    e.acl.retain(|r| *r != rule);
+                    if e.acl.len() == before {
+                        return Err(MgmtError::new(
+                            MgmtStatus::NotFound,
+                            format!("export '{export}' has no rule for {}", describe(&rule)),
+                        ));
+                    }
+                    Ok(())
+                })?;
+                self.publish()?;
+                Ok(MgmtReply::Export(self.export_info(&record)))
+            }
+        }
+    }
+
+    fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        pool: &str,
+        stripe_count: u32,
+        stripe_bytes: u32,
+    ) -> MgmtResult {
+        check_name("volume", name)?;
+        check_size(size_bytes)?;
+        let pool = if pool.is_empty() { "default" } else { pool };
+        let targets = (self.pools)(pool);
+        if targets.is_empty() {
+            return Err(MgmtError::new(MgmtStatus::NotFound, format!("no pool named '{pool}'")));
+        }
+        let count = match stripe_count {
+            0 => targets.len(),
+            n if n as usize <= targets.len() => n as usize,
+            n => {
+                return Err(invalid(format!(
+                    "stripe count {n} is more than the {} targets of pool '{pool}'",
+                    targets.len()
+                )));
+            }
+        };
+        // Volumes start on different targets so narrow ones spread over the pool.
+        let start = self.registry.volumes()?.len() % targets.len();
+        let layout = FileLayout {
+            pool: pool.to_string(),
+            chunk_bytes: if stripe_bytes == 0 { CHUNK_BYTES_DEFAULT } else { stripe_bytes },
+            targets: (0..count).map(|i| targets[(start + i) % targets.len()]).collect(),
+        };
+        layout.validate().map_err(invalid)?;
+        let record = self.registry.create_volume(name, size_bytes, layout, now_unix_s())?;
+        tracing::info!(volume = name, size_bytes, object = %record.object, "volume created");
+        Ok(MgmtReply::Volume(self.volume_info(&record)))
+    }
+
+    fn resize_volume(&self, name: &str, size_bytes: u64, force: bool) -> MgmtResult {
+        check_size(size_bytes)?;
+        let volume = self.registry.volume(name)?;
+        if volume.state != VolumeState::Online {
+            return Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!("volume '{name}' is being deleted"),
+            ));
+        }
+        if size_bytes < volume.size_bytes {
+            if !force {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!(
+                        "shrinking volume '{name}' from {} to {size_bytes} bytes destroys the data \
+                         past the new end; repeat with --force to do it",
+                        volume.size_bytes
+                    ),
+                ));
+            }
+            // Data past the new end goes first: a stop half way leaves the old size with zeros
+            // there, never a later grow that brings old data back.
+            let io = self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes);
+            io.shrink_to(size_bytes).map_err(|e| fs_error("trimming the volume's data", e))?;
+        }
+        let record = self.registry.update_volume(name, |v| {
+            v.size_bytes = size_bytes;
+            Ok(())
+        })?;
+        tracing::info!(volume = name, size_bytes, "volume resized");
+        self.publish()?;
+        Ok(MgmtReply::Volume(self.volume_info(&record)))
+    }
+
+    fn delete_volume(&self, name: &str) -> MgmtResult {
+        let exports: Vec<String> = self
+            .registry
+            .exports()?
+            .into_iter()
+            .filter(|e| e.volume == name)
+            .map(|e| e.name)
+            .collect();
+        if !exports.is_empty() {
+            return Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!(
+                    "volume '{name}' is exported as {}; remove the export first",
+                    exports.join(", ")
+                ),
+            ));
+        }
+        let record = self.registry.update_volume(name, |v| {
+            v.state = VolumeState::Deleting;
+            Ok(())
+        })?;
+        self.finish_delete(&record)?;
+        tracing::info!(volume = name, "volume deleted");
+        Ok(MgmtReply::Volume(VolumeInfo { state: "deleted".into(), ..self.volume_info(&record) }))
+    }
+
+    fn finish_delete(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
+        let io = self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes);
+        io.remove_all().map_err(|e| fs_error("removing the volume's data", e))?;
+        self.registry.remove_volume(&volume.name)
+    }
+
+    fn volume_info(&self, v: &VolumeRecord) -> VolumeInfo {
+        let allocated =
+            self.client.volume(v.object, v.layout.clone(), v.size_bytes).allocated_bytes().ok();
+        let exports = self
+            .registry
+            .exports()
+            .map(|all| all.into_iter().filter(|e| e.volume == v.name).map(|e| e.name).collect())
+            .unwrap_or_default();
+        VolumeInfo {
+            name: v.name.clone(),
+            object: v.object.0,
+            size_bytes: v.size_bytes,
+            pool: v.layout.pool.clone(),
+            chunk_bytes: v.layout.chunk_bytes,
+            targets: v.layout.targets.clone(),
+            allocated_bytes: allocated,
+            state: v.state.name().into(),
+            exports,
+            created_unix_s: v.created_unix_s,
+        }
+    }
+
+    fn export_info(&self, e: &ExportRecord) -> ExportInfo {
+        let stats = self.gateway().map(|g| g.stats(&e.name)).unwrap_or_default();
+        ExportInfo {
+            name: e.name.clone(),
+            volume: e.volume.clone(),
+            read_only: e.read_only,
+            description: e.description.clone(),
+            acl: e
+                .acl
+                .iter()
+                .map(|r| AclRuleInfo { net: r.net.clone(), tls_identity: r.tls_identity.clone() })
+                .collect(),
+            connections: stats.connections,
+            refused: stats.refused,
+        }
+    }
+}
+
+fn describe(rule: &AclRule) -> String {
+    match &rule.tls_identity {
+        Some(id) => format!("{} with TLS identity '{id}'", rule.net),
+        None => rule.net.clone(),
+    }
+}
+
+/// [`Mgmt`] on the internal RPC.
+#[derive(Clone, Debug)]
+pub struct MgmtRpc(pub Mgmt);
+
+impl Service for MgmtRpc {
+    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
+        let mgmt = self.0.clone();
+        Box::pin(async move {
+            if request.method != mgmt_method::CALL {
+                return Response::error(stria_rpc::status::UNKNOWN_METHOD, "not a mgmt method");
+            }
+            let decoded: MgmtRequest = match request.decode() {
+                Ok(decoded) => decoded,
+                Err(response) => return response,
+            };
+            match tokio::task::spawn_blocking(move || mgmt.handle(decoded)).await {
+                Ok(result) => Response::encode(&result, Bytes::new()),
+                Err(_) => Response::error(stria_rpc::status::INTERNAL, "mgmt handler panicked"),
+            }
+        })
+    }
+}

@@ -1,0 +1,658 @@
+//! The transmission phase of one connection: a reader that parses and checks requests, one
+//! task per request that calls the backend on the blocking pool, and a writer that sends
+//! replies in completion order.
+//!
+//! Memory per connection is bounded by two semaphores: request slots (requests in progress)
+//! and a byte budget (write payloads being held, read replies waiting to be sent). A permit is
+//! taken before anything is allocated and released only after the reply has gone to the
+//! socket, so a client that never drains replies stalls only its own connection, and the
+//! writer's timeout then disconnects it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use crate::backend::{Backend, BackendError, Extent};
+use crate::handshake::Negotiated;
+use crate::server::{ServerStats, Shared, bump};
+use crate::transport::Transport;
+use crate::wire::*;
+
+/// Read-ahead buffer of the request reader; big payloads bypass it.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// How long closing the connection (TLS close_notify) may take once replies are done.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A request that passed validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Command {
+    Read { offset: u64, length: u32 },
+    Write { offset: u64, length: u32, fua: bool },
+    Flush,
+    Trim { offset: u64, length: u32 },
+    WriteZeroes { offset: u64, length: u32, may_trim: bool, fua: bool },
+    BlockStatus { offset: u64, length: u32, req_one: bool },
+    Disconnect,
+}
+
+/// What the connection negotiated that request validation depends on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub size: u64,
+    pub read_only: bool,
+    pub structured: bool,
+    pub block_status: bool,
+}
+
+/// A request refused before it reached the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub errno: NbdErrno,
+    pub message: String,
+}
+
+fn refused(errno: NbdErrno, message: impl Into<String>) -> Refused {
+    Refused { errno, message: message.into() }
+}
+
+/// Checks one request header against the protocol and the export. Pure, so every rule is
+/// unit-tested without a socket. (An oversized WRITE is caught by the reader before this,
+/// because its payload cannot be skipped safely.)
+pub(crate) fn validate(h: &RequestHeader, limits: &Limits) -> Result<Command, Refused> {
+    let allowed_flags = match h.kind {
+        CMD_READ if limits.structured => CMD_FLAG_FUA | CMD_FLAG_DF,
+        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM => CMD_FLAG_FUA,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
+        CMD_DISC => u16::MAX,
+        other => return Err(refused(NbdErrno::Invalid, format!("unknown command {other}"))),
+    };
+    if h.flags & !allowed_flags != 0 {
+        return Err(refused(
+            NbdErrno::Invalid,
+            format!("command flags {:#x} not valid for command {}", h.flags, h.kind),
+        ));
+    }
+    let fua = h.flags & CMD_FLAG_FUA != 0;
+    let (offset, length) = (h.offset, h.length);
+    let writes = matches!(h.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && limits.read_only {
+        return Err(refused(NbdErrno::Perm, "export is read-only"));
+    }
+    let aligned = |value: u64| value.is_multiple_of(BLOCK_SIZE_MIN_BYTES as u64);
+    let in_bounds = offset.checked_add(length as u64).is_some_and(|end| end <= limits.size);
+    let past_end = || {
+        format!("range {offset}+{length} extends past the end of the {}-byte export", limits.size)
+    };
+    let misaligned = || {
+        format!("offset {offset} and length {length} must be multiples of {BLOCK_SIZE_MIN_BYTES}")
+    };
+    match h.kind {
+        CMD_DISC => Ok(Command::Disconnect),
+        CMD_FLUSH => Ok(Command::Flush),
+        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => {
+            // Only requests whose data crosses the wire are capped. TRIM and WRITE_ZEROES may
+            // cover up to 4 GiB - 1: the protocol asks clients to keep WRITE_ZEROES within the
+            // maximum block size, but nbdcopy zeroes whole holes (tens of MiB) in one request,
+            // and such a request costs no server memory.
+            let data_carrying = matches!(h.kind, CMD_READ | CMD_WRITE);
+            if data_carrying && length > REQUEST_BYTES_MAX {
+                return Err(refused(
+                    NbdErrno::Invalid,
+                    format!("length {length} exceeds the maximum block size {REQUEST_BYTES_MAX}"),
+                ));
+            }
+            if !aligned(offset) || !aligned(length as u64) {
+                return Err(refused(NbdErrno::Invalid, misaligned()));
+            }
+            if !in_bounds {
+                // The protocol asks for ENOSPC on writes past the end, EINVAL otherwise.
+                let errno = if h.kind == CMD_READ || h.kind == CMD_TRIM {
+                    NbdErrno::Invalid
+                } else {
+                    NbdErrno::NoSpace
+                };
+                return Err(refused(errno, past_end()));
+            }
+            Ok(match h.kind {
+                CMD_READ => Command::Read { offset, length },
+                CMD_WRITE => Command::Write { offset, length, fua },
+                CMD_TRIM => Command::Trim { offset, length },
+                _ => Command::WriteZeroes {
+                    offset,
+                    length,
+                    may_trim: h.flags & CMD_FLAG_NO_HOLE == 0,
+                    fua,
+                },
+            })
+        }
+        CMD_BLOCK_STATUS => {
+            if !limits.block_status {
+                return Err(refused(NbdErrno::Invalid, "no metadata context was negotiated"));
+            }
+            if length == 0 || !aligned(offset) {
+                return Err(refused(NbdErrno::Invalid, misaligned()));
+            }
+            if !in_bounds {
+                return Err(refused(NbdErrno::Invalid, past_end()));
+            }
+            // The length is only a hint (clients send e.g. 2^31 - 1); cover whole sectors
+            // inside the export, which is itself a multiple of the sector size.
+            let rounded =
+                (length as u64).div_ceil(BLOCK_SIZE_MIN_BYTES as u64) * BLOCK_SIZE_MIN_BYTES as u64;
+            let length = rounded.min(limits.size - offset) as u32;
+            Ok(Command::BlockStatus { offset, length, req_one: h.flags & CMD_FLAG_REQ_ONE != 0 })
+        }
+        _ => unreachable!("command kinds were checked above"),
+    }
+}
+
+/// Turns a backend allocation map into `base:allocation` descriptors: consecutive, nonzero,
+/// 512-byte multiples, not past `requested`, at most [`BLOCK_STATUS_DESCRIPTORS_MAX`] (one with
+/// `req_one`). A backend answer that is empty or unaligned degrades to status 0 ("allocated,
+/// contents unknown"), which the protocol allows for any block.
+pub(crate) fn descriptors(extents: &[Extent], requested: u32, req_one: bool) -> Vec<(u32, u32)> {
+    let sector = BLOCK_SIZE_MIN_BYTES as u64;
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut covered = 0u64;
+    for extent in extents {
+        let left = requested as u64 - covered;
+        let length = extent.length.min(left) / sector * sector;
+        if length == 0 {
+            break;
+        }
+        let flags =
+            if extent.hole { STATE_HOLE } else { 0 } | if extent.zero { STATE_ZERO } else { 0 };
+        match out.last_mut() {
+            Some(last) if last.1 == flags => last.0 += length as u32,
+            _ => {
+                if out.len() == BLOCK_STATUS_DESCRIPTORS_MAX {
+                    break;
+                }
+                out.push((length as u32, flags));
+            }
+        }
+        covered += length;
+        // A partial (unaligned) extent ends the reply; the client asks again from there.
+        if length != extent.length.min(left) || covered == requested as u64 {
+            break;
+        }
+    }
+    if out.is_empty() {
+        out.push((requested.max(BLOCK_SIZE_MIN_BYTES), 0));
+    }
+    if req_one {
+        out.truncate(1);
+    }
+    out
+}
+
+/// One reply on its way to the socket, with the permits it keeps until it is sent.
+struct Reply {
+    message: Vec<u8>,
+    _slot: OwnedSemaphorePermit,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+/// Shared by the request tasks of one connection.
+struct Ctx {
+    backend: Arc<dyn Backend>,
+    stats: Arc<ServerStats>,
+    structured: bool,
+    peer: SocketAddr,
+    export_name: String,
+    replies: mpsc::Sender<Reply>,
+}
+
+impl Ctx {
+    fn error_message(&self, handle: u64, errno: NbdErrno, message: &str) -> Vec<u8> {
+        bump(&self.stats.errors, 1);
+        if self.structured {
+            structured_error_chunk(handle, errno, message)
+        } else {
+            simple_reply_header(errno.code(), handle).to_vec()
+        }
+    }
+
+    async fn send(
+        &self,
+        message: Vec<u8>,
+        slot: OwnedSemaphorePermit,
+        budget: Option<OwnedSemaphorePermit>,
+    ) {
+        // Fails only when the writer is gone (client disconnected); the reply has no reader.
+        let _ = self.replies.send(Reply { message, _slot: slot, _budget: budget }).await;
+    }
+}
+
+enum Ending {
+    Disconnect,
+    Eof,
+    Shutdown,
+    WriterGone,
+    Violation(String),
+    Io(std::io::Error),
+}
+
+pub(crate) async fn run(
+    shared: &Shared,
+    negotiated: Negotiated,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Negotiated { transport, peer, export_name, export, size, structured, block_status } =
+        negotiated;
+    let config = &shared.config;
+    let limits = Limits { size, read_only: export.read_only, structured, block_status };
+    let (read_half, write_half) = tokio::io::split(transport);
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+    let requests_max = config.in_flight_requests_per_connection_max;
+    let (reply_tx, reply_rx) = mpsc::channel::<Reply>(requests_max);
+    let writer =
+        tokio::spawn(write_replies(write_half, reply_rx, config.reply_write_timeout, peer));
+    let slots = Arc::new(Semaphore::new(requests_max));
+    let budget = Arc::new(Semaphore::new(config.in_flight_bytes_per_connection_max));
+    let ctx = Arc::new(Ctx {
+        backend: export.backend.clone(),
+        stats: shared.stats.clone(),
+        structured,
+        peer,
+        export_name,
+        replies: reply_tx,
+    });
+    let mut tasks: JoinSet<()> = JoinSet::new();
+
+    let ending = loop {
+        while tasks.try_join_next().is_some() {}
+        let mut header = [0u8; REQUEST_HEADER_BYTES];
+        // Cancelling the read is fine on these paths: the connection closes either way.
+        let read = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => break Ending::Shutdown,
+            _ = ctx.replies.closed() => break Ending::WriterGone,
+            read = reader.read_exact(&mut header) => read,
+        };
+        if let Err(e) = read {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Ending::Eof
+            } else {
+                Ending::Io(e)
+            };
+        }
+        bump(&shared.stats.requests, 1);
+        let h = match RequestHeader::parse(&header) {
+            Ok(h) => h,
+            Err(e) => break Ending::Violation(e.to_string()),
+        };
+        if h.kind == CMD_DISC {
+            break Ending::Disconnect;
+        }
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break Ending::WriterGone;
+        };
+        if h.kind == CMD_WRITE && h.length > REQUEST_BYTES_MAX {
+            // Skipping up to 4 GiB of payload is the denial of service the protocol lets a
+            // server refuse: answer, then hang up.
+            let message = format!("write of {} bytes exceeds {REQUEST_BYTES_MAX}", h.length);
+            let reply = ctx.error_message(h.handle, NbdErrno::Invalid, &message);
+            ctx.send(reply, slot, None).await;
+            break Ending::Violation(message);
+        }
+        let command = match validate(&h, &limits) {
+            Ok(command) => command,
+            Err(refusal) => {
+                if h.kind == CMD_WRITE {
+                    let mut payload = (&mut reader).take(h.length as u64);
+                    let skipped = tokio::time::timeout(
+                        config.payload_read_timeout,
+                        tokio::io::copy(&mut payload, &mut tokio::io::sink()),
+                    )
+                    .await;
+                    match skipped {
+                        Ok(Ok(n)) if n == h.length as u64 => {}
+                        Ok(Ok(_)) => break Ending::Eof,
+                        Ok(Err(e)) => break Ending::Io(e),
+                        Err(_) => break Ending::Violation("write payload stalled".into()),
+                    }
+                }
+                debug!(peer = %ctx.peer, export = %ctx.export_name, handle = h.handle,
+                    error = %refusal.message, "NBD request refused");
+                let reply = ctx.error_message(h.handle, refusal.errno, &refusal.message);
+                ctx.send(reply, slot, None).await;
+                continue;
+            }
+        };
+        let budget_bytes = match command {
+            Command::Read { length, .. } | Command::Write { length, .. } => length,
+            _ => 0,
+        };
+        let budget_permit = if budget_bytes > 0 {
+            match budget.clone().acquire_many_owned(budget_bytes).await {
+                Ok(permit) => Some(permit),
+                Err(_) => break Ending::WriterGone,
+            }
+        } else {
+            None
+        };
+        let payload = if let Command::Write { length, .. } = command {
+            // The whole payload is in memory before the backend sees any of it, so a client
+            // that vanishes mid-payload never causes a partial write.
+            let mut data = vec![0u8; length as usize];
+            let read =
+                tokio::time::timeout(config.payload_read_timeout, reader.read_exact(&mut data))
+                    .await;
+            match read {
+                Ok(Ok(_)) => Some(data),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ending::Eof,
+                Ok(Err(e)) => break Ending::Io(e),
+                Err(_) => break Ending::Violation("write payload stalled".into()),
+            }
+        } else {
+            None
+        };
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            let message = execute(&ctx, h.handle, command, payload).await;
+            ctx.send(message, slot, budget_permit).await;
+        });
+    };
+
+    match &ending {
+        Ending::Disconnect => debug!(%peer, "NBD client disconnected"),
+        Ending::Eof => debug!(%peer, "NBD client closed the connection"),
+        Ending::Shutdown => debug!(%peer, "NBD connection closing for shutdown"),
+        Ending::WriterGone => debug!(%peer, "NBD reply writer stopped"),
+        Ending::Io(e) => debug!(%peer, error = %e, "NBD connection read failed"),
+        Ending::Violation(why) => {
+            bump(&shared.stats.protocol_violations, 1);
+            warn!(%peer, export = %ctx.export_name, reason = %why, "NBD client broke the protocol; disconnecting");
+        }
+    }
+    // In-flight requests finish (their payloads are complete) and their replies are sent
+    // before the connection closes, as the protocol asks for NBD_CMD_DISC and shutdown.
+    while tasks.join_next().await.is_some() {}
+    drop(ctx);
+    drop(reader);
+    if let Err(e) = writer.await {
+        warn!(%peer, error = %e, "NBD reply writer panicked");
+    }
+}
+
+async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u8>>) -> Vec<u8> {
+    let backend = ctx.backend.clone();
+    let structured = ctx.structured;
+    let result = tokio::task::spawn_blocking(move || {
+        run_blocking(&*backend, handle, command, payload, structured)
+    })
+    .await
+    .unwrap_or_else(|e| Err(BackendError::io(format!("backend task failed: {e}"))));
+    match result {
+        Ok(Done { message, bytes_read, bytes_written }) => {
+            bump(&ctx.stats.bytes_read, bytes_read);
+            bump(&ctx.stats.bytes_written, bytes_written);
+            message
+        }
+        Err(e) => {
+            warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, error = %e, "NBD backend request failed");
+            ctx.error_message(handle, e.nbd_errno(), &e.message)
+        }
+    }
+}
+
+struct Done {
+    message: Vec<u8>,
+    bytes_read: u64,
+    bytes_written: u64,
+}
+
+fn ok(handle: u64) -> Done {
+    Done { message: simple_reply_header(0, handle).to_vec(), bytes_read: 0, bytes_written: 0 }
+}
+
+/// Runs on the blocking pool: one backend call and the encoded success reply.
+fn run_blocking(
+    backend: &dyn Backend,
+    handle: u64,
+    command: Command,
+    payload: Option<Vec<u8>>,
+    structured: bool,
+) -> Result<Done, BackendError> {
+    match command {
+        Command::Read { offset, length } => {
+            let length = length as usize;
+            if structured {
+                if length == 0 {
+                    let message =
+                        structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0)
+                            .to_vec();
+                    return Ok(Done { message, bytes_read: 0, bytes_written: 0 });
+                }
+                // One OFFSET_DATA chunk covers the whole read (at most 32 MiB), so DF holds.
+                let mut message = vec![0u8; OFFSET_DATA_PREFIX_BYTES + length];
+                backend.read(offset, &mut message[OFFSET_DATA_PREFIX_BYTES..])?;
+                let header = structured_reply_header(
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_OFFSET_DATA,
+                    handle,
+                    (8 + length) as u32,
+                );
+                message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
+                message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
+                    .copy_from_slice(&offset.to_be_bytes());
+                Ok(Done { message, bytes_read: length as u64, bytes_written: 0 })
+            } else {
+                let mut message = vec![0u8; SIMPLE_REPLY_HEADER_BYTES + length];
+                if length > 0 {
+                    backend.read(offset, &mut message[SIMPLE_REPLY_HEADER_BYTES..])?;
+                }
+                message[..SIMPLE_REPLY_HEADER_BYTES]
+                    .copy_from_slice(&simple_reply_header(0, handle));
+                Ok(Done { message, bytes_read: length as u64, bytes_written: 0 })
+            }
+        }
+        Command::Write { offset, length, fua } => {
+            let data = payload.unwrap_or_default();
+            assert_eq!(data.len(), length as usize, "write payload was read in full");
+            if length > 0 {
+                backend.write(offset, &data, fua)?;
+            }
+            Ok(Done { bytes_written: length as u64, ..ok(handle) })
+        }
+        Command::Flush => {
+            backend.flush()?;
+            Ok(ok(handle))
+        }
+        Command::Trim { offset, length } => {
+            if length > 0 {
+                backend.trim(offset, length as u64)?;
+            }
+            Ok(ok(handle))
+        }
+        Command::WriteZeroes { offset, length, may_trim, fua } => {
+            if length > 0 {
+                backend.write_zeroes(offset, length as u64, may_trim, fua)?;
+            }
+            Ok(ok(handle))
+        }
+        Command::BlockStatus { offset, length, req_one } => {
+            let extents = backend.block_status(offset, length as u64)?;
+            let descriptors = descriptors(&extents, length, req_one);
+            let message = block_status_chunk(handle, META_BASE_ALLOCATION_ID, &descriptors);
+            Ok(Done { message, bytes_read: 0, bytes_written: 0 })
+        }
+        Command::Disconnect => unreachable!("disconnect is handled by the reader"),
+    }
+}
+
+async fn write_replies(
+    mut writer: WriteHalf<Transport>,
+    mut replies: mpsc::Receiver<Reply>,
+    timeout: Duration,
+    peer: SocketAddr,
+) {
+    while let Some(reply) = replies.recv().await {
+        let sent = tokio::time::timeout(timeout, async {
+            writer.write_all(&reply.message).await?;
+            // Batch while more replies are queued; flush (TLS records) before going idle.
+            if replies.is_empty() {
+                writer.flush().await?;
+            }
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+        match sent {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(%peer, error = %e, "NBD reply write failed");
+                break;
+            }
+            Err(_) => {
+                warn!(%peer, timeout_s = timeout.as_secs_f64(),
+                    "NBD client is not reading replies; disconnecting");
+                break;
+            }
+        }
+    }
+    // Dropping the receiver tells the reader (and every pending sender) to stop.
+    drop(replies);
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIZE: u64 = 1 << 20;
+
+    fn limits() -> Limits {
+        Limits { size: SIZE, read_only: false, structured: true, block_status: true }
+    }
+
+    fn req(kind: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        RequestHeader { flags, kind, handle: 1, offset, length }
+    }
+
+    fn errno(r: Result<Command, Refused>) -> NbdErrno {
+        r.expect_err("should be refused").errno
+    }
+
+    #[test]
+    fn good_requests_pass() {
+        assert_eq!(
+            validate(&req(CMD_READ, CMD_FLAG_DF, 4096, 4096), &limits()),
+            Ok(Command::Read { offset: 4096, length: 4096 })
+        );
+        assert_eq!(
+            validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 0, 512), &limits()),
+            Ok(Command::WriteZeroes { offset: 0, length: 512, may_trim: false, fua: true })
+        );
+        assert_eq!(
+            validate(&req(CMD_WRITE, 0, SIZE - 512, 512), &limits()),
+            Ok(Command::Write { offset: SIZE - 512, length: 512, fua: false })
+        );
+        // Zeroing more than the maximum block size is accepted (no payload, no memory).
+        let big = Limits { size: 1 << 33, ..limits() };
+        let zero_len = 4 * REQUEST_BYTES_MAX;
+        assert_eq!(
+            validate(&req(CMD_WRITE_ZEROES, 0, 0, zero_len), &big),
+            Ok(Command::WriteZeroes { offset: 0, length: zero_len, may_trim: true, fua: false })
+        );
+    }
+
+    #[test]
+    fn size_alignment_and_range_errors_follow_the_protocol() {
+        let l = limits();
+        assert_eq!(
+            errno(validate(&req(CMD_READ, 0, 0, REQUEST_BYTES_MAX + 512), &l)),
+            NbdErrno::Invalid
+        );
+        assert_eq!(errno(validate(&req(CMD_READ, 0, 100, 512), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(CMD_WRITE, 0, 0, 100), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(CMD_READ, 0, SIZE, 512), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(CMD_TRIM, 0, SIZE, 512), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(CMD_WRITE, 0, SIZE, 512), &l)), NbdErrno::NoSpace);
+        assert_eq!(
+            errno(validate(&req(CMD_WRITE_ZEROES, 0, SIZE - 512, 1024), &l)),
+            NbdErrno::NoSpace
+        );
+        // Offsets near u64::MAX must not wrap around into range.
+        assert_eq!(errno(validate(&req(CMD_READ, 0, u64::MAX - 511, 512), &l)), NbdErrno::Invalid);
+    }
+
+    #[test]
+    fn flags_and_commands_are_checked() {
+        let l = limits();
+        assert_eq!(errno(validate(&req(99, 0, 0, 0), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(5, 0, 0, 512), &l)), NbdErrno::Invalid); // CACHE: not offered
+        assert_eq!(errno(validate(&req(CMD_WRITE, CMD_FLAG_DF, 0, 512), &l)), NbdErrno::Invalid);
+        assert_eq!(errno(validate(&req(CMD_READ, 1 << 9, 0, 512), &l)), NbdErrno::Invalid);
+        let simple = Limits { structured: false, ..l };
+        assert_eq!(
+            errno(validate(&req(CMD_READ, CMD_FLAG_DF, 0, 512), &simple)),
+            NbdErrno::Invalid
+        );
+    }
+
+    #[test]
+    fn read_only_exports_refuse_every_kind_of_write() {
+        let l = Limits { read_only: true, ..limits() };
+        for kind in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES] {
+            assert_eq!(errno(validate(&req(kind, 0, 0, 512), &l)), NbdErrno::Perm);
+        }
+        assert!(validate(&req(CMD_READ, 0, 0, 512), &l).is_ok());
+        assert!(validate(&req(CMD_FLUSH, 0, 0, 0), &l).is_ok());
+    }
+
+    #[test]
+    fn block_status_needs_a_context_and_rounds_its_hint() {
+        let without = Limits { block_status: false, ..limits() };
+        assert_eq!(errno(validate(&req(CMD_BLOCK_STATUS, 0, 0, 512), &without)), NbdErrno::Invalid);
+        assert_eq!(
+            validate(
+                &req(CMD_BLOCK_STATUS, 0, 0, i32::MAX as u32),
+                &Limits { size: 1 << 32, ..limits() }
+            ),
+            Ok(Command::BlockStatus { offset: 0, length: 1 << 31, req_one: false })
+        );
+        assert_eq!(
+            validate(&req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, SIZE - 512, 100), &limits()),
+            Ok(Command::BlockStatus { offset: SIZE - 512, length: 512, req_one: true })
+        );
+        assert_eq!(
+            errno(validate(&req(CMD_BLOCK_STATUS, 0, SIZE, 512), &limits())),
+            NbdErrno::Invalid
+        );
+    }
+
+    fn ext(length: u64, hole: bool, zero: bool) -> Extent {
+        Extent { length, hole, zero }
+    }
+
+    #[test]
+    fn descriptors_are_clipped_merged_and_aligned() {
+        let map = [ext(4096, false, false), ext(4096, false, false), ext(8192, true, true)];
+        assert_eq!(
+            descriptors(&map, 12288, false),
+            vec![(8192, 0), (4096, STATE_HOLE | STATE_ZERO)]
+        );
+        assert_eq!(descriptors(&map, 12288, true), vec![(8192, 0)]);
+        // An unaligned backend extent ends the reply at the last whole sector.
+        let odd = [ext(1000, false, false), ext(4096, true, true)];
+        assert_eq!(descriptors(&odd, 8192, false), vec![(512, 0)]);
+        // Nothing usable: the whole range as "allocated, unknown".
+        assert_eq!(descriptors(&[], 4096, false), vec![(4096, 0)]);
+        assert_eq!(descriptors(&[ext(100, true, true)], 4096, false), vec![(4096, 0)]);
+    }
+
+    #[test]
+    fn descriptors_are_capped() {
+        let map: Vec<Extent> =
+            (0..BLOCK_STATUS_DESCRIPTORS_MAX + 10).map(|i| ext(512, i % 2 == 0, false)).collect();
+        let out = descriptors(&map, u32::MAX / 512 * 512, false);
+        assert_eq!(out.len(), BLOCK_STATUS_DESCRIPTORS_MAX);
+    }
+}

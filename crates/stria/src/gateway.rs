@@ -1,0 +1,176 @@
+//! The NBD gateway of `stria up`: serves the registry's exports (`stria export`), each over its
+//! volume's data on the targets, through the client library.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use stria_client::{Client, VolumeIo};
+use stria_mgmt::{ExportRecord, ExportStats, Gateway, VolumeRecord};
+use stria_nbd::{AclRule, Backend, BackendError, BackendErrorKind, Export, Exports, Extent};
+use stria_proto::fs::{FsStatus, ObjectId};
+
+/// A volume as an NBD backend. One per volume, shared by all its exports and connections, so
+/// a resize reaches every connection at once.
+struct VolumeBackend {
+    io: VolumeIo,
+}
+
+fn backend_error(what: &str, status: FsStatus) -> BackendError {
+    let kind = match status {
+        FsStatus::NoSpace => BackendErrorKind::NoSpace,
+        FsStatus::Invalid | FsStatus::TooBig => BackendErrorKind::Invalid,
+        FsStatus::ReadOnly => BackendErrorKind::ReadOnly,
+        _ => BackendErrorKind::Io,
+    };
+    BackendError::new(kind, format!("{what}: {status}"))
+}
+
+impl Backend for VolumeBackend {
+    fn size(&self) -> u64 {
+        self.io.size()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.io.read_into(offset, buf).map_err(|e| backend_error("read", e))
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
+        self.io.write(offset, data, fua).map_err(|e| backend_error("write", e))
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.io.flush().map_err(|e| backend_error("flush", e))
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.io.trim(offset, len).map_err(|e| backend_error("trim", e))
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        self.io
+            .write_zeroes(offset, len, may_trim, fua)
+            .map_err(|e| backend_error("write zeroes", e))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BackendError> {
+        let runs =
+            self.io.block_status(offset, len).map_err(|e| backend_error("block status", e))?;
+        Ok(runs
+            .into_iter()
+            .filter(|(length, _)| *length > 0)
+            .map(|(length, allocated)| Extent { length, hole: !allocated, zero: !allocated })
+            .collect())
+    }
+
+    // A flush syncs every target of the volume's layout, which covers writes from every
+    // connection and every export of the volume.
+}
+
+/// The running gateway.
+pub struct NbdGateway {
+    client: Client,
+    exports: Exports,
+    addr: SocketAddr,
+    backends: Mutex<HashMap<ObjectId, Arc<VolumeBackend>>>,
+    handle: stria_nbd::ShutdownHandle,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl NbdGateway {
+    /// Listens on `addr` and serves no export until the management service says which.
+    pub async fn start(addr: SocketAddr, client: Client) -> std::io::Result<Arc<NbdGateway>> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let exports = Exports::new();
+        let server = stria_nbd::Server::new(exports.clone(), stria_nbd::ServerConfig::default())
+            .map_err(std::io::Error::other)?;
+        let handle = server.shutdown_handle();
+        let task = tokio::spawn(async move {
+            if let Err(e) = server.serve(listener).await {
+                tracing::error!(%e, "NBD gateway stopped");
+            }
+        });
+        tracing::info!(%addr, "NBD gateway listening");
+        Ok(Arc::new(NbdGateway {
+            client,
+            exports,
+            addr,
+            backends: Mutex::new(HashMap::new()),
+            handle,
+            task: Mutex::new(Some(task)),
+        }))
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and waits for connections to finish.
+    pub async fn shutdown(&self) {
+        self.handle.shutdown();
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    fn backend(&self, volume: &VolumeRecord) -> Arc<VolumeBackend> {
+        let mut backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+        let backend = backends.entry(volume.object).or_insert_with(|| {
+            Arc::new(VolumeBackend {
+                io: self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes),
+            })
+        });
+        backend.io.set_size(volume.size_bytes);
+        backend.clone()
+    }
+}
+
+impl Gateway for NbdGateway {
+    fn apply(&self, set: Vec<(ExportRecord, VolumeRecord)>) {
+        let wanted: Vec<String> = set.iter().map(|(e, _)| e.name.clone()).collect();
+        for name in self.exports.names() {
+            if !wanted.contains(&name) {
+                self.exports.remove(&name);
+                tracing::info!(export = %name, "export removed");
+            }
+        }
+        let live: Vec<ObjectId> = set.iter().map(|(_, v)| v.object).collect();
+        self.backends.lock().unwrap_or_else(|e| e.into_inner()).retain(|o, _| live.contains(o));
+        for (export, volume) in set {
+            let mut acl = Vec::new();
+            for rule in &export.acl {
+                match AclRule::new(&rule.net, rule.tls_identity.as_deref()) {
+                    Ok(rule) => acl.push(rule),
+                    Err(e) => {
+                        tracing::error!(export = %export.name, "access rule {} skipped: {e}", rule.net)
+                    }
+                }
+            }
+            let backend: Arc<dyn Backend> = self.backend(&volume);
+            let served = Export {
+                backend,
+                description: export.description.clone(),
+                read_only: export.read_only,
+                acl,
+            };
+            if let Err(e) = self.exports.insert(&export.name, served) {
+                tracing::error!(export = %export.name, "cannot serve export: {e}");
+            }
+        }
+    }
+
+    fn stats(&self, export: &str) -> ExportStats {
+        self.exports
+            .stats(export)
+            .map(|s| ExportStats { connections: s.opens(), refused: s.refusals() })
+            .unwrap_or_default()
+    }
+}
