@@ -81,6 +81,7 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct NameArgs {
+    /// The volume's (or export's) name.
     pub name: String,
     #[command(flatten)]
     pub node: NodeArgs,
@@ -91,6 +92,7 @@ pub struct NameArgs {
 
 #[derive(Args, Debug)]
 pub struct ResizeArgs {
+    /// The volume's name.
     pub name: String,
     /// New size, e.g. 20G.
     #[arg(long, value_parser = parse_size)]
