@@ -213,3 +213,22 @@ fn decode<T: DeserializeOwned>(message: &[u8]) -> Result<T, u16> {
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, u16> {
     postcard::to_stdvec(value).map_err(|_| FsStatus::Io.rpc_code())
 }
+
+/// The storage service as a service of the internal RPC server.
+#[derive(Clone, Debug)]
+pub struct StorageRpc(pub StorageService);
+
+impl stria_rpc::Service for StorageRpc {
+    fn call(
+        &self,
+        request: stria_rpc::Request,
+    ) -> stria_rpc::BoxFuture<'static, stria_rpc::Response> {
+        let work = self.0.handle(request.method, request.message, request.data);
+        Box::pin(async move {
+            match work.await {
+                Ok((message, data)) => stria_rpc::Response::ok(Bytes::from(message), data),
+                Err(status) => stria_rpc::Response::with_status(status, Bytes::new(), Bytes::new()),
+            }
+        })
+    }
+}

@@ -5,12 +5,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
 use stria_meta::service::{CapacitySource, MetaService};
 use stria_meta::{Commit, Meta, MetaOptions};
 use stria_proto::fs::{LayoutPolicy, TargetId};
-use stria_rpc::{BoxFuture, Request, Response, Server, Service, ShutdownHandle};
-use stria_storage::StorageService;
+use stria_rpc::{Server, ShutdownHandle};
+use stria_storage::{StorageRpc, StorageService};
 
 /// Opens the namespace; new files spread over `targets`.
 pub fn open_meta(path: &Path, targets: &[TargetId]) -> Result<Arc<Meta>> {
@@ -47,21 +46,6 @@ impl Services {
         for task in self.tasks {
             let _ = task.await;
         }
-    }
-}
-
-/// The storage service as an RPC service.
-struct StorageRpc(StorageService);
-
-impl Service for StorageRpc {
-    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
-        let work = self.0.handle(request.method, request.message, request.data);
-        Box::pin(async move {
-            match work.await {
-                Ok((message, data)) => Response::ok(Bytes::from(message), data),
-                Err(status) => Response::with_status(status, Bytes::new(), Bytes::new()),
-            }
-        })
     }
 }
 

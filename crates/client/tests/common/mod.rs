@@ -8,42 +8,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use stria_client::{Client, ClientConfig, VolumeIo};
 use stria_engine::Engine;
 use stria_engine::testing::MemMapStore;
+pub use stria_engine::testing::Rng;
 use stria_io::BlockDevice;
 use stria_io::mem::MemDevice;
 use stria_proto::fs::{FileLayout, ObjectId, TargetId};
 use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-use stria_rpc::{BoxFuture, Request, Response, Server, Service, ShutdownHandle};
-use stria_storage::{StorageService, Target};
-
-/// A small deterministic generator (xorshift64*), so every failure is reproducible by its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len + 8);
-        while out.len() < len {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(len);
-        out
-    }
-}
+use stria_rpc::{Server, ShutdownHandle};
+use stria_storage::{StorageRpc, StorageService, Target};
 
 /// Seeds to run: `STRIA_CLIENT_SEED` picks one, `STRIA_CLIENT_SEEDS` sets how many fixed ones
 /// (for long soak runs), else `count` fixed ones.
@@ -70,20 +44,6 @@ pub struct Node {
     pub addr: SocketAddr,
     shutdown: Option<ShutdownHandle>,
     serving: Option<tokio::task::JoinHandle<()>>,
-}
-
-struct StorageRpc(StorageService);
-
-impl Service for StorageRpc {
-    fn call(&self, request: Request) -> BoxFuture<'static, Response> {
-        let work = self.0.handle(request.method, request.message, request.data);
-        Box::pin(async move {
-            match work.await {
-                Ok((message, data)) => Response::ok(Bytes::from(message), data),
-                Err(status) => Response::with_status(status, Bytes::new(), Bytes::new()),
-            }
-        })
-    }
 }
 
 fn array_of(drive_mib: u64) -> Arc<Array> {

@@ -3,39 +3,12 @@
 
 use std::sync::Arc;
 
+#[allow(unused_imports)]
+pub use stria_engine::testing::Rng;
 use stria_io::BlockDevice;
 use stria_io::mem::MemDevice;
 use stria_proto::fs::{ChunkId, ObjectId};
 use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-
-/// A small deterministic generator (xorshift64*), so every failure is reproducible by its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len + 8);
-        while out.len() < len {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(len);
-        out
-    }
-}
 
 /// Seeds to run: `STRIA_ENGINE_SEED` picks one, `STRIA_ENGINE_SEEDS` sets how many fixed ones
 /// (for long soak runs), else `count` fixed ones.
