@@ -1,4 +1,4 @@
-//! Small writes packed into one *open stripe* of a parity array.
+//! Small writes packed into one *open stripe* of the array.
 //!
 //! A write smaller than a RAID 5/6 stripe, sent to the array on its own, is a partial-stripe
 //! update: the array reads the rows it needs, journals the new data and parity with FUA, then
@@ -16,6 +16,10 @@
 //!   data that was never promised. [`Packer::close`] runs at the start of every sync, before the
 //!   array flush: it waits for the batch in flight and hands the unused tail back to the
 //!   allocator, and the packer never writes that stripe again.
+//!
+//! On levels without parity (0, 1, 10) there is no write hole to avoid, but batching still
+//! turns many small writes into one array request, and the stripe's first batch writes only
+//! its own blocks.
 //!
 //! Blocks of a batch whose write failed stay reserved until the target is reopened.
 
@@ -39,6 +43,8 @@ pub(crate) struct Packer {
     stripe_blocks: u64,
     /// Writes longer than this take the ordinary path.
     job_blocks_max: u64,
+    /// The array keeps parity: the stripe's first write must be a full-stripe write.
+    parity: bool,
 }
 
 #[derive(Debug, Default)]
@@ -77,12 +83,13 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Packer {
-    /// A packer for `array`, or None when packing cannot help (no parity, or a stripe too large
-    /// to keep in memory).
+    /// A packer for `array`, or None when its stripe is too large to keep in memory. On levels
+    /// without parity the stripe is only a batching window: small writes from many callers
+    /// still become one array request per batch.
     pub(crate) fn for_array(array: &Array) -> Option<Packer> {
         let g = array.geometry();
         let stripe_blocks = g.stripe_data_bytes() / BLOCK as u64;
-        if !g.level.is_parity() || !(2..=IMAGE_BLOCKS_MAX).contains(&stripe_blocks) {
+        if !(2..=IMAGE_BLOCKS_MAX).contains(&stripe_blocks) {
             return None;
         }
         Some(Packer {
@@ -90,6 +97,7 @@ impl Packer {
             wake: Condvar::new(),
             stripe_blocks,
             job_blocks_max: stripe_blocks / 2,
+            parity: g.level.is_parity(),
         })
     }
 
@@ -174,7 +182,7 @@ impl Packer {
                 to = at + (bytes.len() / BLOCK) as u64;
             }
             let stripe = first_block / self.stripe_blocks;
-            let result = if fresh {
+            let result = if fresh && self.parity {
                 array.write(first_block * BLOCK as u64, &image)
             } else {
                 array.write_in_open_stripe(stripe, &image, from, to)

@@ -144,3 +144,47 @@ fn overwriting_far_more_than_the_capacity_never_runs_out_of_space() {
         w.join().expect("worker");
     }
 }
+
+#[test]
+fn levels_without_parity_batch_small_writes_too() {
+    for (level, count, lost) in
+        [(stria_raid::Level::Raid0, 3, None), (stria_raid::Level::Raid10, 4, Some(1))]
+    {
+        let drives = Drives::new(count, 16 << 20);
+        let array = drives.create(level, 16 * 1024);
+        let dir = temp_dir("packed-plain");
+        let engine = Arc::new(Engine::create(array.clone(), &dir, TargetId(1)).expect("create"));
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let engine = engine.clone();
+                thread::spawn(move || {
+                    let mut rng = Rng::new(900 + t);
+                    let mut model = Vec::new();
+                    for _ in 0..100 {
+                        let offset = rng.below(8) as usize * 4096;
+                        let data = rng.bytes(4096);
+                        engine.write(chunk(t + 1, 0), offset as u32, &data, None).expect("write");
+                        model_write(&mut model, offset, &data);
+                    }
+                    model
+                })
+            })
+            .collect();
+        let models: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().expect("worker")).collect();
+        let a = engine.locate(chunk(1, 0), 0).expect("locate");
+        assert!(a.is_some(), "{level}: written blocks are mapped");
+        if let Some(slot) = lost {
+            array.fail_drive(slot).expect("fail a mirror");
+        }
+        for (t, want) in models.iter().enumerate() {
+            let got = engine.read(chunk(t as u64 + 1, 0), 0, 1 << 20).expect("read");
+            assert!(got == *want, "{level}: chunk {} reads back", t + 1);
+        }
+        engine.sync().expect("sync");
+        let space = engine.space();
+        assert_eq!(
+            space.used_bytes + space.free_bytes + space.reclaimable_bytes,
+            space.total_bytes
+        );
+    }
+}

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use stria_client::{Client, VolumeIo};
 use stria_mgmt::{ExportRecord, ExportStats, Gateway, VolumeRecord};
-use stria_nbd::{AclRule, Backend, BackendError, BackendErrorKind, Export, Exports, Extent};
+use stria_nbd::{
+    AclRule, Backend, BackendError, BackendErrorKind, Export, Exports, Extent, TlsConfig,
+};
 use stria_proto::fs::{FsStatus, ObjectId};
 
 /// A volume as an NBD backend. One per volume, shared by all its exports and connections, so
@@ -84,20 +86,29 @@ pub struct NbdGateway {
 }
 
 impl NbdGateway {
-    /// Listens on `addr` and serves no export until the management service says which.
-    pub async fn start(addr: SocketAddr, client: Client) -> std::io::Result<Arc<NbdGateway>> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+    /// Listens on `addr` (with TLS when `tls` is given) and serves no export until the
+    /// management service says which.
+    pub async fn start(
+        addr: SocketAddr,
+        client: Client,
+        tls: Option<TlsConfig>,
+    ) -> anyhow::Result<Arc<NbdGateway>> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| crate::node::bind_error(addr, "NBD", "--nbd-listen", e))?;
         let addr = listener.local_addr()?;
         let exports = Exports::new();
-        let server = stria_nbd::Server::new(exports.clone(), stria_nbd::ServerConfig::default())
-            .map_err(std::io::Error::other)?;
+        let with_tls = tls.is_some();
+        let config = stria_nbd::ServerConfig { tls, ..stria_nbd::ServerConfig::default() };
+        let server = stria_nbd::Server::new(exports.clone(), config)
+            .map_err(|e| anyhow::anyhow!("cannot start the NBD gateway: {e}"))?;
         let handle = server.shutdown_handle();
         let task = tokio::spawn(async move {
             if let Err(e) = server.serve(listener).await {
                 tracing::error!(%e, "NBD gateway stopped");
             }
         });
-        tracing::info!(%addr, "NBD gateway listening");
+        tracing::info!(%addr, tls = with_tls, "NBD gateway listening");
         Ok(Arc::new(NbdGateway {
             client,
             exports,

@@ -76,6 +76,19 @@ pub struct UpArgs {
     /// Do not serve NBD exports.
     #[arg(long)]
     pub no_nbd: bool,
+    /// PEM certificate chain of the NBD gateway: enables TLS (NBD_OPT_STARTTLS).
+    #[arg(long, requires = "nbd_tls_key")]
+    pub nbd_tls_cert: Option<PathBuf>,
+    /// PEM private key for --nbd-tls-cert.
+    #[arg(long, requires = "nbd_tls_cert")]
+    pub nbd_tls_key: Option<PathBuf>,
+    /// PEM CA certificates that sign client certificates: clients are asked for one, and
+    /// `stria initiator allow --tls-identity NAME` rules match its name.
+    #[arg(long, requires = "nbd_tls_cert")]
+    pub nbd_tls_ca: Option<PathBuf>,
+    /// Refuse NBD clients that do not start TLS.
+    #[arg(long, requires = "nbd_tls_cert")]
+    pub nbd_tls_required: bool,
 }
 
 fn parse_level(text: &str) -> Result<Level, String> {
@@ -220,9 +233,20 @@ pub fn run(args: UpArgs) -> Result<()> {
     let gateway = if args.no_nbd {
         None
     } else {
-        let gateway = runtime
-            .block_on(crate::gateway::NbdGateway::start(args.nbd_listen, client.clone()))
-            .map_err(|e| crate::node::bind_error(args.nbd_listen, "NBD", "--nbd-listen", e))?;
+        let tls = match (&args.nbd_tls_cert, &args.nbd_tls_key) {
+            (Some(cert), Some(key)) => Some(stria_nbd::TlsConfig {
+                cert: absolute(cert)?,
+                key: absolute(key)?,
+                client_ca: args.nbd_tls_ca.as_deref().map(absolute).transpose()?,
+                required: args.nbd_tls_required,
+            }),
+            _ => None,
+        };
+        let gateway = runtime.block_on(crate::gateway::NbdGateway::start(
+            args.nbd_listen,
+            client.clone(),
+            tls,
+        ))?;
         mgmt.set_gateway(gateway.clone())?;
         Some(gateway)
     };

@@ -316,3 +316,101 @@ fn a_failed_drive_under_fio_verify_reaches_no_client() {
     let df = ok("df", node.cli(&["df"]));
     assert!(df.contains("degraded"), "the target is degraded: {df}");
 }
+
+/// A CA, the gateway's certificate, and libnbd-style client directories (`ca-cert.pem`,
+/// `client-cert.pem`, `client-key.pem`) for each client name.
+fn make_pki(
+    dir: &Path,
+    clients: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.distinguished_name.push(DnType::CommonName, "stria e2e CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("CA");
+    let ca_path = dir.join("ca-cert.pem");
+    std::fs::write(&ca_path, ca.pem()).expect("write ca");
+    let mut server =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("p");
+    server.distinguished_name.push(DnType::CommonName, "stria-gateway");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().expect("key");
+    let cert = server.signed_by(&key, &ca).expect("server cert");
+    let (cert_path, key_path) = (dir.join("server-cert.pem"), dir.join("server-key.pem"));
+    std::fs::write(&cert_path, cert.pem()).expect("write");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write");
+    for name in clients {
+        let cdir = dir.join(name);
+        std::fs::create_dir_all(&cdir).expect("client dir");
+        std::fs::copy(&ca_path, cdir.join("ca-cert.pem")).expect("copy ca");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, *name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &ca).expect("client cert");
+        std::fs::write(cdir.join("client-cert.pem"), cert.pem()).expect("write");
+        std::fs::write(cdir.join("client-key.pem"), key.serialize_pem()).expect("write");
+    }
+    (cert_path, key_path, ca_path)
+}
+
+#[test]
+fn tls_identities_gate_an_export() {
+    require_fuse();
+    let dir = scratch("volume-tls");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).expect("pki dir");
+    let (cert, key, ca) = make_pki(&pki, &["client1", "client2"]);
+    let (cert, key, ca) =
+        (cert.display().to_string(), key.display().to_string(), ca.display().to_string());
+    let node = Node::start(
+        &dir.join("data"),
+        &[
+            "--drives",
+            "3",
+            "--raid",
+            "5",
+            "--drive-size",
+            "128M",
+            "--nbd-tls-cert",
+            &cert,
+            "--nbd-tls-key",
+            &key,
+            "--nbd-tls-ca",
+            &ca,
+        ],
+    );
+    ok("volume create", node.cli(&["volume", "create", "secure", "--size", "16M"]));
+    ok("export add", node.cli(&["export", "add", "secure"]));
+    let rule = ["initiator", "allow", "secure", "127.0.0.1", "--tls-identity", "client1"];
+    ok("allow client1", node.cli(&rule));
+    let plain = uri(&node, "secure");
+    let tls_uri = |client: &str| {
+        format!(
+            "{}?tls-certificates={}",
+            plain.replacen("nbd://", "nbds://", 1),
+            pki.join(client).display()
+        )
+    };
+    let info = json(&ok("nbdinfo as client1", tool("nbdinfo", &["--json", &tls_uri("client1")])));
+    assert_eq!(info["exports"][0]["export-size"], 16 * MIB, "{info}");
+    // Data through TLS: an image in and back out with nbdcopy.
+    let image = dir.join("tls.img");
+    std::fs::write(&image, pattern(5, 0, 16 * MIB as usize)).expect("image");
+    let back = dir.join("tls-back.img");
+    ok("nbdcopy in", tool("nbdcopy", &[&image.display().to_string(), &tls_uri("client1")]));
+    ok("nbdcopy out", tool("nbdcopy", &[&tls_uri("client1"), &back.display().to_string()]));
+    same_file(&image, &back);
+    let other = tool("nbdinfo", &[&tls_uri("client2")]);
+    assert!(!other.status.success(), "another identity got in: {}", text(&other));
+    let no_tls = tool("nbdinfo", &[&plain]);
+    assert!(!no_tls.status.success(), "a plain client got in: {}", text(&no_tls));
+    let exports = json(&ok("export list", node.cli(&["export", "list", "--json"])));
+    assert!(exports[0]["refused"].as_u64().expect("refused") >= 2, "{exports}");
+    assert_eq!(exports[0]["acl"][0]["tls_identity"], "client1");
+}
