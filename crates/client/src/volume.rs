@@ -121,6 +121,12 @@ impl VolumeIo {
 
     /// As [`VolumeIo::read`], into the caller's buffer.
     pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> FsResult<()> {
+        self.block(self.read_into_async(offset, buf))
+    }
+
+    /// As [`VolumeIo::read_into`], for callers already on the client's runtime (the NBD
+    /// gateway), without a blocking thread.
+    pub async fn read_into_async(&self, offset: u64, buf: &mut [u8]) -> FsResult<()> {
         if buf.len() > VOLUME_IO_BYTES_MAX {
             return Err(FsStatus::Invalid);
         }
@@ -131,19 +137,25 @@ impl VolumeIo {
                 ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
             async move { Ok((piece, storage.chunk_read(request).await?)) }
         });
-        self.block(self.run(jobs, |(piece, data): (Piece, Bytes)| {
+        self.run(jobs, |(piece, data): (Piece, Bytes)| {
             // A chunk shorter than the piece (or missing) is a hole there: zeros.
             let out = &mut buf[piece.offset_in_range..piece.offset_in_range + piece.len as usize];
             let take = data.len().min(out.len());
             out[..take].copy_from_slice(&data[..take]);
             out[take..].fill(0);
-        }))
+        })
+        .await
     }
 
     /// Writes `data` at `offset` (any alignment: the targets merge partial blocks). With
     /// `fua`, the data is durable on every target it touched before this returns. A range past
     /// the end is `Invalid` and writes nothing.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> FsResult<()> {
+        self.block(self.write_async(offset, data, fua))
+    }
+
+    /// As [`VolumeIo::write`], for callers already on the client's runtime.
+    pub async fn write_async(&self, offset: u64, data: &[u8], fua: bool) -> FsResult<()> {
         if data.len() > VOLUME_IO_BYTES_MAX {
             return Err(FsStatus::Invalid);
         }
@@ -155,13 +167,11 @@ impl VolumeIo {
             let bytes = Bytes::copy_from_slice(&data[start..start + piece.len as usize]);
             self.write_job(piece, target, chunk, bytes, sync_each)
         });
-        self.block(async {
-            self.run(jobs, |()| ()).await?;
-            if fua && !sync_each {
-                sync_targets(&self.shared.storage, touched).await?;
-            }
-            Ok(())
-        })
+        self.run(jobs, |()| ()).await?;
+        if fua && !sync_each {
+            sync_targets(&self.shared.storage, touched).await?;
+        }
+        Ok(())
     }
 
     /// Makes every write that completed before this call durable, whichever handle or thread
@@ -367,6 +377,13 @@ impl VolumeIo {
         T: Send + 'static,
         F: Future<Output = FsResult<T>> + Send + 'static,
     {
+        // One piece (a small request inside one chunk): no task to spawn and join.
+        let mut jobs = jobs.peekable();
+        let Some(first) = jobs.next() else { return Ok(()) };
+        if jobs.peek().is_none() {
+            return first.await.map(done);
+        }
+        let jobs = std::iter::once(first).chain(jobs);
         let mut running = JoinSet::new();
         let mut first_error = None;
         let mut finish = |joined: Result<FsResult<T>, tokio::task::JoinError>,

@@ -385,11 +385,14 @@ pub(crate) async fn run(
 async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u8>>) -> Vec<u8> {
     let backend = ctx.backend.clone();
     let structured = ctx.structured;
-    let result = tokio::task::spawn_blocking(move || {
-        run_blocking(&*backend, handle, command, payload, structured)
-    })
-    .await
-    .unwrap_or_else(|e| Err(BackendError::io(format!("backend task failed: {e}"))));
+    let result = match run_async(&*backend, handle, command, &payload, structured).await {
+        Some(result) => result,
+        None => tokio::task::spawn_blocking(move || {
+            run_blocking(&*backend, handle, command, payload, structured)
+        })
+        .await
+        .unwrap_or_else(|e| Err(BackendError::io(format!("backend task failed: {e}")))),
+    };
     match result {
         Ok(Done { message, bytes_read, bytes_written }) => {
             bump(&ctx.stats.bytes_read, bytes_read);
@@ -411,6 +414,50 @@ struct Done {
 
 fn ok(handle: u64) -> Done {
     Done { message: simple_reply_header(0, handle).to_vec(), bytes_read: 0, bytes_written: 0 }
+}
+
+/// Reads and writes through the backend's asynchronous path, when it has one; `None` sends
+/// the request to the blocking pool instead.
+async fn run_async(
+    backend: &dyn Backend,
+    handle: u64,
+    command: Command,
+    payload: &Option<Vec<u8>>,
+    structured: bool,
+) -> Option<Result<Done, BackendError>> {
+    match command {
+        Command::Read { offset, length } if length > 0 => {
+            let length = length as usize;
+            let prefix =
+                if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
+            let mut message = vec![0u8; prefix + length];
+            if let Err(e) = backend.read_async(offset, &mut message[prefix..])?.await {
+                return Some(Err(e));
+            }
+            if structured {
+                let header = structured_reply_header(
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_OFFSET_DATA,
+                    handle,
+                    (8 + length) as u32,
+                );
+                message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
+                message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
+                    .copy_from_slice(&offset.to_be_bytes());
+            } else {
+                message[..SIMPLE_REPLY_HEADER_BYTES]
+                    .copy_from_slice(&simple_reply_header(0, handle));
+            }
+            Some(Ok(Done { message, bytes_read: length as u64, bytes_written: 0 }))
+        }
+        Command::Write { offset, length, fua } if length > 0 => {
+            let data = payload.as_deref().unwrap_or_default();
+            assert_eq!(data.len(), length as usize, "write payload was read in full");
+            let result = backend.write_async(offset, data, fua)?.await;
+            Some(result.map(|()| Done { bytes_written: length as u64, ..ok(handle) }))
+        }
+        _ => None,
+    }
 }
 
 /// Runs on the blocking pool: one backend call and the encoded success reply.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use stria_client::{Client, VolumeIo};
 use stria_mgmt::{ExportRecord, ExportStats, Gateway, VolumeRecord};
 use stria_nbd::{
-    AclRule, Backend, BackendError, BackendErrorKind, Export, Exports, Extent, TlsConfig,
+    AclRule, Backend, BackendError, BackendErrorKind, BackendFuture, Export, Exports, Extent,
+    TlsConfig,
 };
 use stria_proto::fs::{FsStatus, ObjectId};
 
@@ -73,6 +74,23 @@ impl Backend for VolumeBackend {
 
     // A flush syncs every target of the volume's layout, which covers writes from every
     // connection and every export of the volume.
+
+    fn read_async<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
+        Some(Box::pin(async move {
+            self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))
+        }))
+    }
+
+    fn write_async<'a>(
+        &'a self,
+        offset: u64,
+        data: &'a [u8],
+        fua: bool,
+    ) -> Option<BackendFuture<'a>> {
+        Some(Box::pin(async move {
+            self.io.write_async(offset, data, fua).await.map_err(|e| backend_error("write", e))
+        }))
+    }
 }
 
 /// The running gateway.
