@@ -13,6 +13,7 @@ use stria_proto::mgmt::{
 use stria_proto::net::IpNet;
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
+use crate::events::{EventKind, EventLog, Severity};
 use crate::registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
 
 /// The targets of a pool, by name; empty when there is no such pool.
@@ -45,8 +46,8 @@ fn invalid(message: String) -> MgmtError {
     MgmtError::new(MgmtStatus::Invalid, message)
 }
 
-fn check_size(size: u64) -> Result<(), MgmtError> {
-    if size == 0 || size % VOLUME_ALIGN_BYTES != 0 || size > VOLUME_BYTES_MAX {
+pub(crate) fn check_size(size: u64) -> Result<(), MgmtError> {
+    if size == 0 || !size.is_multiple_of(VOLUME_ALIGN_BYTES) || size > VOLUME_BYTES_MAX {
         return Err(invalid(format!(
             "volume size {size} must be a non-zero multiple of {VOLUME_ALIGN_BYTES} bytes, at \
              most {} TiB",
@@ -56,7 +57,7 @@ fn check_size(size: u64) -> Result<(), MgmtError> {
     Ok(())
 }
 
-fn parse_rule(net: &str, tls_identity: Option<String>) -> Result<AclRule, MgmtError> {
+pub(crate) fn parse_rule(net: &str, tls_identity: Option<String>) -> Result<AclRule, MgmtError> {
     let net: IpNet =
         net.parse().map_err(|e: stria_proto::net::IpNetError| invalid(e.to_string()))?;
     if let Some(id) = &tls_identity
@@ -74,6 +75,7 @@ pub struct Mgmt {
     client: Client,
     pools: PoolResolver,
     gateway: Arc<RwLock<Option<Arc<dyn Gateway>>>>,
+    events: Arc<EventLog>,
 }
 
 impl std::fmt::Debug for Mgmt {
@@ -91,6 +93,7 @@ impl Mgmt {
             client,
             pools,
             gateway: Arc::new(RwLock::new(None)),
+            events: Arc::new(EventLog::new()),
         };
         for volume in mgmt.registry.volumes()? {
             if volume.state == VolumeState::Deleting {
@@ -103,6 +106,43 @@ impl Mgmt {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The node's recent events: every change made here is recorded in it.
+    pub fn events(&self) -> &EventLog {
+        &self.events
+    }
+
+    /// The client the service does its data work through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Refused initiator attempts per export, as the gateway counts them.
+    pub fn export_refusals(&self) -> Vec<(String, u64)> {
+        let Some(gateway) = self.gateway() else { return Vec::new() };
+        let exports = self.registry.exports().unwrap_or_default();
+        exports.into_iter().map(|e| (e.name.clone(), gateway.stats(&e.name).refused)).collect()
+    }
+
+    /// Takes drive `slot` of `target` out of service, through the storage service as
+    /// `stria target fail-drive` does. Blocking.
+    pub fn fail_drive(&self, target: TargetId, slot: u32) -> Result<(), MgmtError> {
+        match self.client.fail_drive(target, slot) {
+            Ok(_) => Ok(()),
+            Err(FsStatus::Stale) => Err(MgmtError::new(
+                MgmtStatus::NotFound,
+                format!("no target {target} on this node"),
+            )),
+            Err(FsStatus::Busy) => Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!(
+                    "target {target} refused to fail slot {slot}: it is out of service already, \
+                     or failing it would lose data (see the log)"
+                ),
+            )),
+            Err(status) => Err(fs_error("failing the drive", status)),
+        }
     }
 
     /// Connects the gateway and gives it the current exports.
@@ -132,10 +172,14 @@ impl Mgmt {
     /// Carries out one request. Blocking: call it off the async runtime.
     pub fn handle(&self, request: MgmtRequest) -> MgmtResult {
         let op = request.op_name();
+        let event = change_event(&request);
         let result = self.dispatch(request);
         match &result {
             Ok(_) => tracing::debug!(op, "management request done"),
             Err(e) => tracing::info!(op, status = ?e.status, "management request refused: {e}"),
+        }
+        if let (Ok(_), Some((kind, subject, message))) = (&result, event) {
+            self.events.record(kind, Severity::Info, subject, message);
         }
         result
     }
@@ -358,6 +402,54 @@ impl Mgmt {
             refused: stats.refused,
         }
     }
+}
+
+/// The event a successful change records: kind, subject and sentence.
+fn change_event(request: &MgmtRequest) -> Option<(EventKind, String, String)> {
+    let rule = |net: &str, id: &Option<String>| match id {
+        Some(id) => format!("{net} with TLS identity '{id}'"),
+        None => net.to_string(),
+    };
+    Some(match request {
+        MgmtRequest::VolumeCreate { name, size_bytes, .. } => (
+            EventKind::VolumeCreated,
+            format!("volume/{name}"),
+            format!("volume '{name}' created, {size_bytes} bytes"),
+        ),
+        MgmtRequest::VolumeResize { name, size_bytes, .. } => (
+            EventKind::VolumeResized,
+            format!("volume/{name}"),
+            format!("volume '{name}' resized to {size_bytes} bytes"),
+        ),
+        MgmtRequest::VolumeDelete { name } => {
+            (EventKind::VolumeDeleted, format!("volume/{name}"), format!("volume '{name}' deleted"))
+        }
+        MgmtRequest::ExportAdd { volume, name, read_only, .. } => {
+            let name = name.as_deref().unwrap_or(volume);
+            let mode = if *read_only { " read-only" } else { "" };
+            (
+                EventKind::ExportAdded,
+                format!("export/{name}"),
+                format!("volume '{volume}' exported{mode} as '{name}'"),
+            )
+        }
+        MgmtRequest::ExportRemove { name } => {
+            (EventKind::ExportRemoved, format!("export/{name}"), format!("export '{name}' removed"))
+        }
+        MgmtRequest::InitiatorAllow { export, net, tls_identity } => (
+            EventKind::InitiatorAllowed,
+            format!("export/{export}"),
+            format!("export '{export}' now allows {}", rule(net, tls_identity)),
+        ),
+        MgmtRequest::InitiatorDeny { export, net, tls_identity } => (
+            EventKind::InitiatorDenied,
+            format!("export/{export}"),
+            format!("export '{export}' no longer allows {}", rule(net, tls_identity)),
+        ),
+        MgmtRequest::VolumeList | MgmtRequest::VolumeShow { .. } | MgmtRequest::ExportList => {
+            return None;
+        }
+    })
 }
 
 fn describe(rule: &AclRule) -> String {

@@ -3,16 +3,23 @@
 //! Each target is a RAID array with its chunk engine. Requests run on tokio's blocking pool
 //! (the engine and the array are synchronous and keep every drive busy from one call), many
 //! at once; the engine's per-chunk locks keep concurrent requests to one chunk in order.
+//!
+//! Each target counts the chunk reads and writes it serves, with their latency inside the
+//! service ([`TargetIoStats`]): what clients asked for, before RAID adds parity and mirror
+//! writes (the drives count those). The management role turns them into metrics and charts.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stria_engine::{Engine, EngineError};
+use stria_io::LatencyHistogram;
 use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
@@ -20,6 +27,37 @@ use stria_proto::wire::{
     storage_method,
 };
 use stria_raid::Array;
+
+/// Chunk requests one target served since the node started. Lock-free: a few relaxed adds per
+/// request.
+#[derive(Debug, Default)]
+pub struct TargetIoStats {
+    pub read_ops: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_ops: AtomicU64,
+    pub write_bytes: AtomicU64,
+    /// Sums of the latencies, for means over an interval.
+    pub read_latency_us_total: AtomicU64,
+    pub write_latency_us_total: AtomicU64,
+    pub read_latency: LatencyHistogram,
+    pub write_latency: LatencyHistogram,
+}
+
+impl TargetIoStats {
+    fn record_read(&self, bytes: usize, latency: Duration) {
+        self.read_ops.fetch_add(1, Relaxed);
+        self.read_bytes.fetch_add(bytes as u64, Relaxed);
+        self.read_latency_us_total.fetch_add(latency.as_micros() as u64, Relaxed);
+        self.read_latency.record(latency);
+    }
+
+    fn record_write(&self, bytes: usize, latency: Duration) {
+        self.write_ops.fetch_add(1, Relaxed);
+        self.write_bytes.fetch_add(bytes as u64, Relaxed);
+        self.write_latency_us_total.fetch_add(latency.as_micros() as u64, Relaxed);
+        self.write_latency.record(latency);
+    }
+}
 
 /// One target: an array, its chunk engine and the pool it belongs to.
 #[derive(Debug)]
@@ -54,18 +92,25 @@ impl Target {
 #[derive(Debug, Clone)]
 pub struct StorageService {
     targets: Arc<BTreeMap<TargetId, Arc<Target>>>,
+    io: Arc<BTreeMap<TargetId, Arc<TargetIoStats>>>,
 }
 
 type Handled = Result<(Vec<u8>, Bytes), u16>;
 
 impl StorageService {
     pub fn new(targets: Vec<Target>) -> StorageService {
+        let io = targets.iter().map(|t| (t.id, Arc::default())).collect();
         let targets = targets.into_iter().map(|t| (t.id, Arc::new(t))).collect();
-        StorageService { targets: Arc::new(targets) }
+        StorageService { targets: Arc::new(targets), io: Arc::new(io) }
     }
 
     pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
         self.targets.values()
+    }
+
+    /// The chunk requests `target` served since the node started.
+    pub fn io_stats(&self, target: TargetId) -> Option<&TargetIoStats> {
+        self.io.get(&target).map(|s| s.as_ref())
     }
 
     fn target(&self, id: TargetId) -> Result<Arc<Target>, FsStatus> {
@@ -106,15 +151,23 @@ impl StorageService {
             storage_method::CHUNK_READ => {
                 let r: ChunkRead = decode(message)?;
                 let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
+                let started = Instant::now();
                 let bytes = target.engine.read(r.chunk, r.offset, r.len).map_err(status_of)?;
+                if let Some(io) = self.io.get(&r.target) {
+                    io.record_read(bytes.len(), started.elapsed());
+                }
                 Ok((encode(&())?, Bytes::from(bytes)))
             }
             storage_method::CHUNK_WRITE => {
                 let w: ChunkWrite = decode(message)?;
                 let target = self.target(w.target).map_err(FsStatus::rpc_code)?;
+                let started = Instant::now();
                 target.engine.write(w.chunk, w.offset, &data, Some(w.crc)).map_err(status_of)?;
                 if w.sync {
                     target.engine.sync().map_err(status_of)?;
+                }
+                if let Some(io) = self.io.get(&w.target) {
+                    io.record_write(data.len(), started.elapsed());
                 }
                 Ok((encode(&())?, Bytes::new()))
             }

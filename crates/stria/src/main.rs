@@ -15,6 +15,7 @@ mod raid_bench_report;
 mod raid_cmd;
 mod raid_io;
 mod raid_status;
+mod rest_role;
 mod rng;
 mod torture;
 mod units;

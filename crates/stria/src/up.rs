@@ -11,6 +11,8 @@
 //! DATA/targets/T/             target T's chunk map
 //! DATA/meta/namespace.redb    the namespace
 //! DATA/mgmt/registry.redb     volumes, exports, initiator access lists
+//! DATA/mgmt/api-token         the REST API's bearer token (mode 0600, made at the first run)
+//! DATA/mgmt/node-id           the node's id (made at the first run)
 //! DATA/logs/stria.log         the log
 //! DATA/run.json               addresses of the running node (removed at a clean stop)
 //! DATA/mnt                    the default mount point
@@ -76,6 +78,9 @@ pub struct UpArgs {
     /// Do not serve NBD exports.
     #[arg(long)]
     pub no_nbd: bool,
+    /// Address of the REST API and /metrics (token in DATA/mgmt/api-token; 0 picks a port).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    pub api_listen: SocketAddr,
     /// PEM certificate chain of the NBD gateway: enables TLS (NBD_OPT_STARTTLS).
     #[arg(long, requires = "nbd_tls_key")]
     pub nbd_tls_cert: Option<PathBuf>,
@@ -132,6 +137,9 @@ pub struct RunRecord {
     /// The NBD gateway, when it runs.
     #[serde(default)]
     pub nbd: Option<SocketAddr>,
+    /// The REST API and /metrics.
+    #[serde(default)]
+    pub api: Option<SocketAddr>,
 }
 
 impl NodeRecord {
@@ -189,6 +197,7 @@ pub fn run(args: UpArgs) -> Result<()> {
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
     purge_orphans(&meta, &storage)?;
 
+    let api_listener = crate::rest_role::bind(args.api_listen)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
         .max_blocking_threads(64)
@@ -267,6 +276,20 @@ pub fn run(args: UpArgs) -> Result<()> {
         },
         None => None,
     };
+    let rest = crate::rest_role::start(
+        &runtime,
+        api_listener,
+        &data,
+        &mgmt,
+        &storage,
+        crate::rest_role::RoleAddresses {
+            mgmt: mgmt_addr,
+            meta: services.meta_addr,
+            storage: services.storage_addr,
+            nbd: gateway.as_ref().map(|g| g.local_addr()),
+            mount: mount.as_ref().and(mount_point.clone()),
+        },
+    )?;
     let run = RunRecord {
         pid: std::process::id(),
         meta: services.meta_addr,
@@ -274,10 +297,11 @@ pub fn run(args: UpArgs) -> Result<()> {
         mount: mount.as_ref().and(mount_point.clone()),
         mgmt: Some(mgmt_addr),
         nbd: gateway.as_ref().map(|g| g.local_addr()),
+        api: Some(rest.local_addr()),
     };
     std::fs::write(data.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
 
-    print_banner(&data, &node, &storage, &run, &log_path);
+    print_banner(&data, &node, &storage, &run, &log_path, &rest.banner_lines());
     while !interrupt::requested() {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -288,6 +312,7 @@ pub fn run(args: UpArgs) -> Result<()> {
             result = Err(anyhow::anyhow!("unmount failed: {e}"));
         }
     }
+    rest.shutdown(&runtime);
     if let Some(gateway) = &gateway {
         runtime.block_on(gateway.shutdown());
     }
@@ -482,6 +507,7 @@ fn print_banner(
     storage: &StorageService,
     run: &RunRecord,
     log_path: &Path,
+    rest_lines: &[String],
 ) {
     println!("stria is up");
     match &run.mount {
@@ -508,6 +534,9 @@ fn print_banner(
     }
     if let Some(nbd) = run.nbd {
         println!("  nbd      nbd://{nbd}/EXPORT");
+    }
+    for line in rest_lines {
+        println!("{line}");
     }
     println!("Ctrl-C or SIGTERM stops the node and unmounts cleanly.");
 }

@@ -1,2 +1,3 @@
+pub mod http;
 pub mod node;
 pub mod posix_table;

@@ -54,6 +54,8 @@ impl Node {
             "127.0.0.1:0".into(),
             "--nbd-listen".into(),
             "127.0.0.1:0".into(),
+            "--api-listen".into(),
+            "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut node = Node { child: None, data: data.to_path_buf(), mount, args };
