@@ -1,55 +1,21 @@
 //! Each target counts the chunk reads and writes it serves, with their latency, for the
 //! management role's metrics and charts; refused requests are not counted as served.
 
-use std::sync::Arc;
+mod common;
+
 use std::sync::atomic::Ordering::Relaxed;
 
-use bytes::Bytes;
-use serde::Serialize;
-use stria_engine::Engine;
-use stria_io::BlockDevice;
-use stria_io::mem::MemDevice;
+use common::{call, runtime, service};
 use stria_proto::fs::{ChunkId, ObjectId, TargetId};
 use stria_proto::wire::{ChunkRead, ChunkWrite, storage_method};
-use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-use stria_storage::{StorageService, Target};
-
-fn call<T: Serialize>(
-    runtime: &tokio::runtime::Runtime,
-    service: &StorageService,
-    method: u16,
-    message: &T,
-    data: &[u8],
-) -> Result<(), u16> {
-    let message = Bytes::from(postcard::to_stdvec(message).expect("encode"));
-    runtime.block_on(service.handle(method, message, Bytes::copy_from_slice(data))).map(|_| ())
-}
 
 #[test]
 fn served_chunk_requests_are_counted_per_target() {
     let dir = std::env::temp_dir().join(format!("stria-storage-counted-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let drives: Vec<Arc<dyn BlockDevice>> = (0..2)
-        .map(|i| Arc::new(MemDevice::new(format!("d{i}"), 16 << 20)) as Arc<dyn BlockDevice>)
-        .collect();
-    let config = ArrayConfig {
-        level: Level::Raid1,
-        stripe_unit_bytes: 64 * 1024,
-        rated_tbw: 0,
-        journal_bytes: None,
-    };
-    let array = Arc::new(
-        Array::create(drives, &config, &CreateOptions { skip_discard: true }).expect("array"),
-    );
+    let runtime = runtime();
     let target = TargetId(2);
-    let engine = Engine::create(array.clone(), &dir, target).expect("engine");
-    let service =
-        StorageService::new(vec![Target { id: target, pool: "default".into(), array, engine }]);
+    let service = service(&dir, target);
 
     let chunk = ChunkId { object: ObjectId(7), index: 0 };
     let data = vec![9u8; 40_000];

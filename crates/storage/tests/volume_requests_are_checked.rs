@@ -2,59 +2,24 @@
 //! object space answer from the engine, and malformed or out-of-bounds requests are refused
 //! with a status while the service keeps serving.
 
-use std::sync::Arc;
+mod common;
 
-use bytes::Bytes;
-use serde::Serialize;
-use stria_engine::Engine;
-use stria_io::BlockDevice;
-use stria_io::mem::MemDevice;
+use common::{call, runtime};
 use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, ObjectId, TargetId};
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkWrite, ObjectSpace, ObjectSpaceReply,
     storage_method,
 };
-use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-use stria_storage::{StorageService, Target};
 
-fn service(dir: &std::path::Path) -> StorageService {
-    let drives: Vec<Arc<dyn BlockDevice>> = (0..2)
-        .map(|i| Arc::new(MemDevice::new(format!("d{i}"), 16 << 20)) as Arc<dyn BlockDevice>)
-        .collect();
-    let config = ArrayConfig {
-        level: Level::Raid1,
-        stripe_unit_bytes: 64 * 1024,
-        rated_tbw: 0,
-        journal_bytes: None,
-    };
-    let array = Arc::new(
-        Array::create(drives, &config, &CreateOptions { skip_discard: true }).expect("array"),
-    );
-    let engine = Engine::create(array.clone(), dir, TargetId(5)).expect("engine");
-    StorageService::new(vec![Target { id: TargetId(5), pool: "default".into(), array, engine }])
-}
-
-fn call<T: Serialize>(
-    runtime: &tokio::runtime::Runtime,
-    service: &StorageService,
-    method: u16,
-    message: &T,
-    data: &[u8],
-) -> Result<Vec<u8>, u16> {
-    let message = Bytes::from(postcard::to_stdvec(message).expect("encode"));
-    let work = service.handle(method, message, Bytes::copy_from_slice(data));
-    runtime.block_on(work).map(|(reply, _)| reply)
+fn service(dir: &std::path::Path) -> stria_storage::StorageService {
+    common::service(dir, TargetId(5))
 }
 
 #[test]
 fn punch_map_and_space_round_trip_and_bad_requests_are_refused() {
     let dir = std::env::temp_dir().join(format!("stria-storage-volume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let service = service(&dir);
     let target = TargetId(5);
     let object = ObjectId(ObjectId::VOLUME_BIT | 9);
