@@ -10,8 +10,9 @@ use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkWrite, ObjectSpace, ObjectSpaceReply,
     storage_method,
 };
+use stria_storage::StorageService;
 
-fn service(dir: &std::path::Path) -> stria_storage::StorageService {
+fn service(dir: &std::path::Path) -> StorageService {
     common::service(dir, TargetId(5))
 }
 
