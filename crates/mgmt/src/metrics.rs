@@ -426,6 +426,29 @@ fn families(s: &Scrape) -> Families {
             sink.put(&volume_labels(v), a as f64);
         }
     }
+    let io_counters: [(&'static str, &'static str, Option<Unit>, fn(&VolumeInfo) -> u64); 4] = [
+        ("stria_volume_read", "Bytes read from the volume through NBD.", Some(Unit::Bytes), |v| {
+            v.io.read_bytes
+        }),
+        (
+            "stria_volume_written",
+            "Bytes written to the volume through NBD.",
+            Some(Unit::Bytes),
+            |v| v.io.written_bytes,
+        ),
+        ("stria_volume_read_ops", "Read requests the volume served through NBD.", None, |v| {
+            v.io.read_ops
+        }),
+        ("stria_volume_write_ops", "Write requests the volume served through NBD.", None, |v| {
+            v.io.write_ops
+        }),
+    ];
+    for (name, help, unit, value) in io_counters {
+        let mut sink = f.counter(name, help, unit);
+        for v in &s.volumes {
+            sink.put(&volume_labels(v), value(v) as f64);
+        }
+    }
     let export_labels = |e: &ExportInfo| -> Labels {
         vec![("export", e.name.clone()), ("volume", e.volume.clone())]
     };

@@ -5,10 +5,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use stria_client::Client;
-use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FileLayout, FsStatus, TargetId};
+use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FileLayout, FsStatus, ObjectId, TargetId};
 use stria_proto::mgmt::{
     ACL_RULES_MAX, AclRuleInfo, ExportInfo, MgmtError, MgmtReply, MgmtRequest, MgmtResult,
-    MgmtStatus, VOLUME_ALIGN_BYTES, VOLUME_BYTES_MAX, VolumeInfo, check_name, mgmt_method,
+    MgmtStatus, VOLUME_ALIGN_BYTES, VOLUME_BYTES_MAX, VolumeInfo, VolumeIoCounts, check_name,
+    mgmt_method,
 };
 use stria_proto::net::IpNet;
 use stria_rpc::{BoxFuture, Request, Response, Service};
@@ -31,6 +32,10 @@ pub struct ExportStats {
 pub trait Gateway: Send + Sync {
     fn apply(&self, exports: Vec<(ExportRecord, VolumeRecord)>);
     fn stats(&self, export: &str) -> ExportStats;
+    /// Reads and writes the gateway served for the volume since it started.
+    fn volume_io(&self, _object: ObjectId) -> VolumeIoCounts {
+        VolumeIoCounts::default()
+    }
 }
 
 fn now_unix_s() -> u64 {
@@ -383,6 +388,7 @@ impl Mgmt {
             state: v.state.name().into(),
             exports,
             created_unix_s: v.created_unix_s,
+            io: self.gateway().map(|g| g.volume_io(v.object)).unwrap_or_default(),
         }
     }
 

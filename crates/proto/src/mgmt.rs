@@ -117,6 +117,17 @@ pub struct VolumeInfo {
     /// Names of the exports that serve it.
     pub exports: Vec<String>,
     pub created_unix_s: u64,
+    /// I/O served through the NBD gateway since the node started.
+    pub io: VolumeIoCounts,
+}
+
+/// Requests a volume served through the NBD gateway, counted since the node started.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct VolumeIoCounts {
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    pub read_ops: u64,
+    pub write_ops: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

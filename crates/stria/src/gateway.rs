@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use stria_client::{Client, VolumeIo};
@@ -12,11 +13,34 @@ use stria_nbd::{
     TlsConfig,
 };
 use stria_proto::fs::{FsStatus, ObjectId};
+use stria_proto::mgmt::VolumeIoCounts;
 
 /// A volume as an NBD backend. One per volume, shared by all its exports and connections, so
 /// a resize reaches every connection at once.
 struct VolumeBackend {
     io: VolumeIo,
+    counts: Counts,
+}
+
+/// Requests served, for `stria_volume_*` metrics.
+#[derive(Default)]
+struct Counts {
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    read_ops: AtomicU64,
+    write_ops: AtomicU64,
+}
+
+impl Counts {
+    fn read(&self, bytes: usize) {
+        self.read_bytes.fetch_add(bytes as u64, Relaxed);
+        self.read_ops.fetch_add(1, Relaxed);
+    }
+
+    fn written(&self, bytes: usize) {
+        self.written_bytes.fetch_add(bytes as u64, Relaxed);
+        self.write_ops.fetch_add(1, Relaxed);
+    }
 }
 
 fn backend_error(what: &str, status: FsStatus) -> BackendError {
@@ -35,11 +59,15 @@ impl Backend for VolumeBackend {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        self.io.read_into(offset, buf).map_err(|e| backend_error("read", e))
+        self.io.read_into(offset, buf).map_err(|e| backend_error("read", e))?;
+        self.counts.read(buf.len());
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
-        self.io.write(offset, data, fua).map_err(|e| backend_error("write", e))
+        self.io.write(offset, data, fua).map_err(|e| backend_error("write", e))?;
+        self.counts.written(data.len());
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -77,7 +105,9 @@ impl Backend for VolumeBackend {
 
     fn read_async<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
         Some(Box::pin(async move {
-            self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))
+            self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))?;
+            self.counts.read(buf.len());
+            Ok(())
         }))
     }
 
@@ -88,7 +118,9 @@ impl Backend for VolumeBackend {
         fua: bool,
     ) -> Option<BackendFuture<'a>> {
         Some(Box::pin(async move {
-            self.io.write_async(offset, data, fua).await.map_err(|e| backend_error("write", e))
+            self.io.write_async(offset, data, fua).await.map_err(|e| backend_error("write", e))?;
+            self.counts.written(data.len());
+            Ok(())
         }))
     }
 }
@@ -155,6 +187,7 @@ impl NbdGateway {
         let backend = backends.entry(volume.object).or_insert_with(|| {
             Arc::new(VolumeBackend {
                 io: self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes),
+                counts: Counts::default(),
             })
         });
         backend.io.set_size(volume.size_bytes);
@@ -193,6 +226,17 @@ impl Gateway for NbdGateway {
             if let Err(e) = self.exports.insert(&export.name, served) {
                 tracing::error!(export = %export.name, "cannot serve export: {e}");
             }
+        }
+    }
+
+    fn volume_io(&self, object: ObjectId) -> VolumeIoCounts {
+        let backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = backends.get(&object) else { return VolumeIoCounts::default() };
+        VolumeIoCounts {
+            read_bytes: b.counts.read_bytes.load(Relaxed),
+            written_bytes: b.counts.written_bytes.load(Relaxed),
+            read_ops: b.counts.read_ops.load(Relaxed),
+            write_ops: b.counts.write_ops.load(Relaxed),
         }
     }
 

@@ -209,6 +209,8 @@ struct VolumeJson<'a> {
     state: &'a str,
     exports: &'a [String],
     created_unix_s: u64,
+    nbd_read_bytes: u64,
+    nbd_written_bytes: u64,
 }
 
 fn volume_json(v: &VolumeInfo) -> VolumeJson<'_> {
@@ -224,6 +226,8 @@ fn volume_json(v: &VolumeInfo) -> VolumeJson<'_> {
         state: &v.state,
         exports: &v.exports,
         created_unix_s: v.created_unix_s,
+        nbd_read_bytes: v.io.read_bytes,
+        nbd_written_bytes: v.io.written_bytes,
     }
 }
 

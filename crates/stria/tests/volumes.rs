@@ -123,6 +123,13 @@ fn volumes_serve_real_nbd_clients_and_survive_a_restart() {
     assert!(hole_bytes >= 4 * MIB, "the zero runs of the image stay holes: {map}");
     let allocated = volume_json(&node, "vol1")["allocated_bytes"].as_u64().expect("allocated");
     assert!(allocated >= 50 * MIB && allocated <= 60 * MIB, "allocated {allocated}: {map}");
+    let shown = volume_json(&node, "vol1");
+    let (read, written) = (shown["nbd_read_bytes"].as_u64(), shown["nbd_written_bytes"].as_u64());
+    assert!(written.expect("written") >= 50 * MIB, "the gateway counts writes: {shown}");
+    assert!(
+        read.expect("read") >= 50 * MIB,
+        "the gateway counts reads (holes are skipped): {shown}"
+    );
     assert_eq!(want.len() as u64, 64 * MIB);
 
     // nbdcopy over four connections, both directions.
