@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// RAID stripe unit, 4K..1M [first run; default 256K].
     #[arg(long, value_parser = parse_size)]
     pub stripe_unit: Option<u64>,
+    /// Rated endurance of each drive in terabytes written (the vendor's TBW figure), for the
+    /// wear and remaining life the API and dashboard show [first run; default 0: not rated].
+    #[arg(long, value_name = "TB")]
+    pub rated_tbw: Option<u64>,
     /// Where to mount the file system [default: DATA/mnt].
     #[arg(long)]
     pub mount: Option<PathBuf>,
@@ -370,6 +374,7 @@ fn load_or_create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
             || args.targets.is_some()
             || args.drive_size.is_some()
             || args.stripe_unit.is_some()
+            || args.rated_tbw.is_some()
         {
             eprintln!(
                 "note: {} already holds a node; its shape is kept (the shape options apply when creating)",
@@ -403,7 +408,8 @@ fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
                 .with_context(|| format!("creating drive file {}", path.display()))?;
         }
         let devs = raid_cmd::open_drives(&full, &DriveOptions::default())?;
-        let config = ArrayConfig { level, stripe_unit_bytes, rated_tbw: 0, journal_bytes: None };
+        let rated_tbw = args.rated_tbw.unwrap_or(0);
+        let config = ArrayConfig { level, stripe_unit_bytes, rated_tbw, journal_bytes: None };
         // The drive files were created sparse a moment ago, so they read as zeros already:
         // no discard, and no pass over them to prove it.
         let fresh = CreateOptions { skip_discard: true };

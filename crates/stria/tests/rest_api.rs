@@ -77,7 +77,10 @@ fn kinds(events: &Value) -> Vec<String> {
 fn rest_api_serves_the_live_node_and_its_actions() {
     require_fuse();
     let dir = scratch("rest-api");
-    let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
+    let mut node = Node::start(
+        &dir,
+        &["--drives", "4", "--raid", "5", "--drive-size", "256M", "--rated-tbw", "1"],
+    );
     let api = Api::of(&node);
 
     // The token: made at the first start, 64 hex digits, mode 0600, shown once in the banner.
@@ -132,6 +135,8 @@ fn rest_api_serves_the_live_node_and_its_actions() {
         assert_eq!(d["target"], 1);
         assert_eq!(d["capacity_bytes"], 256 * MIB);
         assert!(d["device"].as_str().expect("device").ends_with(&format!("drives/t1-d{slot}.img")));
+        let wear = d["wear_percent"].as_f64().expect("rated drives report wear");
+        assert!((0.0..1.0).contains(&wear), "a new 1 TBW drive is barely worn: {d}");
     }
     let drive_id = drives[2]["id"].as_str().expect("id").to_string();
     assert_eq!(api.get(&format!("/api/v1/drives/{drive_id}"))["slot"], 2);
