@@ -34,6 +34,7 @@ impl MetaService {
     /// Runs one request to completion (synchronously).
     pub fn handle(&self, request: MetaRequest) -> Result<MetaReply, FsStatus> {
         let op = request.op_name();
+        tracing::trace!(op, "metadata request");
         self.dispatch(request).map_err(|error| {
             let status = error.status();
             if status == FsStatus::Io {
