@@ -7,7 +7,8 @@
 //!
 //! Auth: every route but `GET /api/v1/health` and `GET /api/v1/openapi.json` needs the bearer
 //! token (`api_auth`); `/metrics` needs it too (Prometheus sends it with `authorization:
-//! { credentials_file: ... }`).
+//! { credentials_file: ... }`). The dashboard's static files (`/` and `/ui/*`, see
+//! [`crate::dashboard`]) hold no data and need no token; the page sends it with every API call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -230,6 +231,7 @@ pub fn router(state: ApiState) -> axum::Router {
     protected
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .merge(public)
+        .merge(crate::dashboard::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

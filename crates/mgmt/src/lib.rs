@@ -14,9 +14,11 @@
 //!   the node implements; mgmt never depends on the RAID or storage crates.
 //! - [`Monitor`] samples the node every second: an hour of series for charts, and events for
 //!   the state changes it sees. [`metrics`] renders the Prometheus exposition.
+//! - [`dashboard`] serves the web dashboard (`web/` at the repository root, compiled in): a page
+//!   that reads and changes everything through the REST API.
 //!
 //! It must never serve data without the API token (`api_auth`) except the health check and
-//! the OpenAPI document. Snapshots and clones are not built yet (the chunk engine has no shared
+//! the OpenAPI document (the dashboard's static files hold no data). Snapshots and clones are not built yet (the chunk engine has no shared
 //! blocks). The REST API is described in `docs/internals/mgmt.md`.
 
 pub mod api;
@@ -24,6 +26,7 @@ pub mod api_auth;
 pub mod api_error;
 pub mod api_types;
 mod api_volumes;
+pub mod dashboard;
 pub mod events;
 pub mod metrics;
 pub mod monitor;

@@ -453,8 +453,12 @@ impl RestRole {
                     "           (shown once; kept in {} with mode 0600)",
                     self.token_path.display()
                 ));
+                lines.push(format!("  web      http://{addr}/#token={token}"));
             }
-            None => lines.push(format!("  token    in {}", self.token_path.display())),
+            None => {
+                lines.push(format!("  token    in {}", self.token_path.display()));
+                lines.push(format!("  web      http://{addr}/   (it asks for the token once)"));
+            }
         }
         lines
     }
