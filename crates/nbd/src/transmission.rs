@@ -427,28 +427,11 @@ async fn run_async(
 ) -> Option<Result<Done, BackendError>> {
     match command {
         Command::Read { offset, length } if length > 0 => {
-            let length = length as usize;
-            let prefix =
-                if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
-            let mut message = vec![0u8; prefix + length];
+            let (mut message, prefix) = read_reply_buffer(length as usize, structured);
             if let Err(e) = backend.read_async(offset, &mut message[prefix..])?.await {
                 return Some(Err(e));
             }
-            if structured {
-                let header = structured_reply_header(
-                    REPLY_FLAG_DONE,
-                    REPLY_TYPE_OFFSET_DATA,
-                    handle,
-                    (8 + length) as u32,
-                );
-                message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
-                message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
-                    .copy_from_slice(&offset.to_be_bytes());
-            } else {
-                message[..SIMPLE_REPLY_HEADER_BYTES]
-                    .copy_from_slice(&simple_reply_header(0, handle));
-            }
-            Some(Ok(Done { message, bytes_read: length as u64, bytes_written: 0 }))
+            Some(Ok(read_reply_done(message, handle, offset, structured)))
         }
         Command::Write { offset, length, fua } if length > 0 => {
             let data = payload.as_deref().unwrap_or_default();
@@ -458,6 +441,34 @@ async fn run_async(
         }
         _ => None,
     }
+}
+
+/// A READ reply with room for `length` bytes of data after its header, and where they start.
+/// A structured reply carries the data as one OFFSET_DATA chunk (at most 32 MiB), so DF holds.
+fn read_reply_buffer(length: usize, structured: bool) -> (Vec<u8>, usize) {
+    let prefix = if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
+    (vec![0u8; prefix + length], prefix)
+}
+
+/// Fills in the header of a READ reply whose data the backend has written.
+fn read_reply_done(mut message: Vec<u8>, handle: u64, offset: u64, structured: bool) -> Done {
+    let length = if structured {
+        let length = message.len() - OFFSET_DATA_PREFIX_BYTES;
+        let header = structured_reply_header(
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_OFFSET_DATA,
+            handle,
+            (8 + length) as u32,
+        );
+        message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
+        message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
+            .copy_from_slice(&offset.to_be_bytes());
+        length
+    } else {
+        message[..SIMPLE_REPLY_HEADER_BYTES].copy_from_slice(&simple_reply_header(0, handle));
+        message.len() - SIMPLE_REPLY_HEADER_BYTES
+    };
+    Done { message, bytes_read: length as u64, bytes_written: 0 }
 }
 
 /// Runs on the blocking pool: one backend call and the encoded success reply.
@@ -471,35 +482,16 @@ fn run_blocking(
     match command {
         Command::Read { offset, length } => {
             let length = length as usize;
-            if structured {
-                if length == 0 {
-                    let message =
-                        structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0)
-                            .to_vec();
-                    return Ok(Done { message, bytes_read: 0, bytes_written: 0 });
-                }
-                // One OFFSET_DATA chunk covers the whole read (at most 32 MiB), so DF holds.
-                let mut message = vec![0u8; OFFSET_DATA_PREFIX_BYTES + length];
-                backend.read(offset, &mut message[OFFSET_DATA_PREFIX_BYTES..])?;
-                let header = structured_reply_header(
-                    REPLY_FLAG_DONE,
-                    REPLY_TYPE_OFFSET_DATA,
-                    handle,
-                    (8 + length) as u32,
-                );
-                message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
-                message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
-                    .copy_from_slice(&offset.to_be_bytes());
-                Ok(Done { message, bytes_read: length as u64, bytes_written: 0 })
-            } else {
-                let mut message = vec![0u8; SIMPLE_REPLY_HEADER_BYTES + length];
-                if length > 0 {
-                    backend.read(offset, &mut message[SIMPLE_REPLY_HEADER_BYTES..])?;
-                }
-                message[..SIMPLE_REPLY_HEADER_BYTES]
-                    .copy_from_slice(&simple_reply_header(0, handle));
-                Ok(Done { message, bytes_read: length as u64, bytes_written: 0 })
+            if structured && length == 0 {
+                let message =
+                    structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0).to_vec();
+                return Ok(Done { message, bytes_read: 0, bytes_written: 0 });
             }
+            let (mut message, prefix) = read_reply_buffer(length, structured);
+            if length > 0 {
+                backend.read(offset, &mut message[prefix..])?;
+            }
+            Ok(read_reply_done(message, handle, offset, structured))
         }
         Command::Write { offset, length, fua } => {
             let data = payload.unwrap_or_default();
