@@ -642,4 +642,71 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
         }
     }
+
+    /// Every metric `deploy/grafana/stria.json` charts is one the node exports.
+    #[test]
+    fn the_grafana_dashboard_uses_exported_metrics() {
+        let volume = stria_proto::mgmt::VolumeInfo {
+            name: "v".into(),
+            object: 1 << 63 | 1,
+            size_bytes: 1 << 20,
+            pool: "default".into(),
+            chunk_bytes: 1 << 20,
+            targets: vec![TargetId(1)],
+            allocated_bytes: Some(4096),
+            state: "online".into(),
+            exports: vec!["v".into()],
+            created_unix_s: 0,
+            io: Default::default(),
+        };
+        let export = stria_proto::mgmt::ExportInfo {
+            name: "v".into(),
+            volume: "v".into(),
+            read_only: false,
+            description: String::new(),
+            acl: Vec::new(),
+            connections: 1,
+            refused: 2,
+        };
+        let scrape = Scrape {
+            version: "0.1.0".into(),
+            targets: vec![sample_target()],
+            volumes: vec![volume],
+            exports: vec![export],
+            statfs: Some((100, 60, 1000, 7)),
+            ..Scrape::default()
+        };
+        let text = render(&scrape);
+        let dashboard = include_str!("../../../deploy/grafana/stria.json");
+        let mut names: Vec<&str> = Vec::new();
+        let mut rest = dashboard;
+        while let Some(at) = rest.find("stria_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            names.push(&tail[..end]);
+            rest = &tail[end..];
+        }
+        assert!(names.len() >= 20, "the dashboard charts the node's metrics: {names:?}");
+        for name in names {
+            if name == "stria_" || name.starts_with("stria_node") {
+                continue;
+            }
+            let sample = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|_| name.contains("latency")))
+                .map_or(name.to_string(), |base| format!("{base}_bucket"));
+            // A sample line, or the family's declaration (some gauges only have samples while
+            // something happens, e.g. a rebuild).
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{sample}{{"))
+                    || l.starts_with(&format!("{sample} "))
+                    || l == format!("# TYPE {family} gauge")
+                    || l == format!("# TYPE {family} counter")),
+                "the Grafana dashboard charts {name}, which the node does not export"
+            );
+        }
+    }
 }
