@@ -398,6 +398,15 @@ impl Client {
         }
     }
 
+    /// Usage rankings (top `top` users, groups, filesets, extensions; at most
+    /// [`stria_proto::wire::ANALYTICS_TOP_MAX`]), the size histogram and the total.
+    pub fn analytics(&self, top: u32) -> FsResult<stria_proto::wire::Analytics> {
+        match self.meta(MetaRequest::Analytics { top })? {
+            MetaReply::Analytics(analytics) => Ok(analytics),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub fn layout_policy(&self, ino: Ino) -> FsResult<LayoutPolicy> {
         match self.meta(MetaRequest::GetLayoutPolicy { ino })? {
             MetaReply::Policy(policy) => Ok(policy),

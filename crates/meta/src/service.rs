@@ -13,6 +13,35 @@ use crate::{Attr, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, Xa
 /// Where the byte capacity `statfs` reports comes from (the storage targets).
 pub type CapacitySource = Arc<dyn Fn() -> (u64, u64) + Send + Sync>;
 
+const _: () = assert!(wire::ANALYTICS_TOP_MAX as usize <= crate::ANALYTICS_TOP_MAX);
+
+fn wire_usage(usage: crate::Usage) -> wire::UsageCount {
+    wire::UsageCount { files: usage.files, bytes: usage.bytes }
+}
+
+fn wire_analytics(a: crate::Analytics) -> wire::Analytics {
+    let ids = |list: Vec<(u32, crate::Usage)>| {
+        list.into_iter().map(|(id, u)| wire::IdUsage { id, usage: wire_usage(u) }).collect()
+    };
+    wire::Analytics {
+        total: wire_usage(a.total),
+        users: ids(a.users),
+        groups: ids(a.groups),
+        filesets: a
+            .filesets
+            .into_iter()
+            .map(|f| wire::FilesetUsage { ino: f.ino, name: f.name, usage: wire_usage(f.usage) })
+            .collect(),
+        extensions: a
+            .extensions
+            .into_iter()
+            .map(|(extension, u)| wire::ExtensionUsage { extension, usage: wire_usage(u) })
+            .collect(),
+        size_histogram: a.size_histogram.into_iter().map(wire_usage).collect(),
+        size_class_bounds_bytes: crate::SIZE_CLASS_BOUNDS.to_vec(),
+    }
+}
+
 /// The metadata service: a [`Meta`] behind the RPC [`Service`] interface.
 #[derive(Clone)]
 pub struct MetaService {
@@ -223,6 +252,12 @@ impl MetaService {
             MetaRequest::Sync => {
                 meta.sync()?;
                 MetaReply::Done
+            }
+            MetaRequest::Analytics { top } => {
+                if top > wire::ANALYTICS_TOP_MAX {
+                    return Err(crate::error::fs(FsStatus::Invalid, "analytics top over 100"));
+                }
+                MetaReply::Analytics(wire_analytics(meta.analytics(top as usize)?))
             }
         })
     }

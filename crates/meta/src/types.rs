@@ -145,6 +145,32 @@ pub struct Usage {
     pub bytes: u64,
 }
 
+/// Most entries [`crate::Meta::analytics`] returns per ranking.
+pub const ANALYTICS_TOP_MAX: usize = 1000;
+
+/// Usage of one fileset (a top-level directory, or the files directly in the root).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FilesetUsage {
+    /// The top-level directory's inode; `ROOT_INO` for the files directly in the root.
+    pub ino: Ino,
+    /// Its name in the root (lossy UTF-8); "/" for the root's own files.
+    pub name: String,
+    pub usage: Usage,
+}
+
+/// The file-system analytics of one snapshot: rankings by bytes (ties by files, then id).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Analytics {
+    pub total: Usage,
+    pub users: Vec<(u32, Usage)>,
+    pub groups: Vec<(u32, Usage)>,
+    pub filesets: Vec<FilesetUsage>,
+    /// "" is files without an extension.
+    pub extensions: Vec<(String, Usage)>,
+    /// Classes bounded by [`SIZE_CLASS_BOUNDS`].
+    pub size_histogram: [Usage; SIZE_CLASSES],
+}
+
 /// `statfs`: inode counts from the namespace, byte capacity from the caller.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct StatFs {

@@ -111,7 +111,8 @@ impl Modify for BearerAuth {
 #[openapi(
     info(
         title = "Stria management API",
-        description = "Volumes, exports, drives, targets, events and performance of a Stria node. \
+        description = "Volumes, exports, drives, targets, events, performance and file-system \
+            analytics of a Stria node. \
             Every route but health and this document needs `Authorization: Bearer <token>`; \
             errors are `{\"error\": {\"code\", \"message\", \"field\"}}`.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
@@ -142,6 +143,7 @@ fn parts() -> (OpenApiRouter<ApiState>, OpenApiRouter<ApiState>) {
         .routes(routes!(list_pools))
         .routes(routes!(list_filesystems))
         .merge(crate::api_volumes::routes())
+        .merge(crate::api_analytics::routes())
         .routes(routes!(list_events))
         .routes(routes!(get_performance))
         .routes(routes!(get_metrics));

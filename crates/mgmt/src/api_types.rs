@@ -235,3 +235,75 @@ pub struct StartScrub {
 fn yes() -> bool {
     true
 }
+
+/// Regular files and their logical bytes (hard links counted once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct UsageCount {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Usage of one owner (uid).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct UserUsage {
+    pub uid: u32,
+    /// The name in this node's `/etc/passwd`, if it has one.
+    pub name: Option<String>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Usage of one group (gid).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct GroupUsage {
+    pub gid: u32,
+    /// The name in this node's `/etc/group`, if it has one.
+    pub name: Option<String>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Usage of one fileset: a top-level directory, or (`name` "/") the files directly in the root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FilesetUsage {
+    pub name: String,
+    /// Inode number of the top-level directory (1 for the root's own files).
+    pub ino: u64,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Usage of one file-name extension: lower-cased, after the last dot, up to 16 letters or
+/// digits; "" for names without one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ExtensionUsage {
+    pub extension: String,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// One file-size class: files of at least `size_min_bytes` and under `size_max_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SizeClass {
+    /// For people: "< 4 KiB", "4 KiB – 64 KiB", ..., ">= 64 MiB".
+    pub label: String,
+    pub size_min_bytes: u64,
+    /// Exclusive; null for the last class.
+    pub size_max_bytes: Option<u64>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// File-system analytics from the metadata service's usage counters (kept current by every
+/// change; the tree is not walked). Rankings hold the `top` entries with the most bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Analytics {
+    pub top: u32,
+    pub total: UsageCount,
+    pub users: Vec<UserUsage>,
+    pub groups: Vec<GroupUsage>,
+    pub filesets: Vec<FilesetUsage>,
+    pub extensions: Vec<ExtensionUsage>,
+    /// Five classes, smallest first: < 4 KiB, < 64 KiB, < 1 MiB, < 64 MiB, >= 64 MiB.
+    pub size_histogram: Vec<SizeClass>,
+}

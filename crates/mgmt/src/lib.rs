@@ -22,6 +22,7 @@
 //! blocks). The REST API is described in `docs/internals/mgmt.md`.
 
 pub mod api;
+mod api_analytics;
 pub mod api_auth;
 pub mod api_error;
 pub mod api_types;

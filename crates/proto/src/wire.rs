@@ -363,6 +363,11 @@ pub enum MetaRequest {
     },
     /// Makes every earlier metadata change durable.
     Sync,
+    /// Usage rankings from the metadata service's counters ([`Analytics`]); `top` is at most
+    /// [`ANALYTICS_TOP_MAX`], or the request is `Invalid`.
+    Analytics {
+        top: u32,
+    },
 }
 
 impl MetaRequest {
@@ -380,6 +385,7 @@ impl MetaRequest {
                 | MetaRequest::ListXattr { .. }
                 | MetaRequest::StatFs
                 | MetaRequest::GetLayoutPolicy { .. }
+                | MetaRequest::Analytics { .. }
         )
     }
 
@@ -414,6 +420,7 @@ impl MetaRequest {
             MetaRequest::GetLayoutPolicy { .. } => "get_layout_policy",
             MetaRequest::SetLayoutPolicy { .. } => "set_layout_policy",
             MetaRequest::Sync => "sync",
+            MetaRequest::Analytics { .. } => "analytics",
         }
     }
 }
@@ -443,6 +450,56 @@ pub enum MetaReply {
     StatFs(StatFs),
     Policy(LayoutPolicy),
     Done,
+    Analytics(Analytics),
+}
+
+/// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.
+pub const ANALYTICS_TOP_MAX: u32 = 100;
+
+/// Regular files and their logical bytes (hard links counted once).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct UsageCount {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Usage of one uid or gid.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct IdUsage {
+    pub id: u32,
+    pub usage: UsageCount,
+}
+
+/// Usage of one fileset: a top-level directory, or the files directly in the root.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct FilesetUsage {
+    /// The top-level directory (`ROOT_INO` for the root's own files).
+    pub ino: Ino,
+    /// Its name in the root (lossy UTF-8), "/" for the root's own files.
+    pub name: String,
+    pub usage: UsageCount,
+}
+
+/// Usage of one lower-case file-name extension ("" for names without one).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ExtensionUsage {
+    pub extension: String,
+    pub usage: UsageCount,
+}
+
+/// The reply to [`MetaRequest::Analytics`]: rankings by bytes, most first, from one snapshot.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Analytics {
+    pub total: UsageCount,
+    pub users: Vec<IdUsage>,
+    pub groups: Vec<IdUsage>,
+    pub filesets: Vec<FilesetUsage>,
+    pub extensions: Vec<ExtensionUsage>,
+    /// One entry per size class, smallest first; class `i` holds files of at least
+    /// `size_class_bounds_bytes[i - 1]` and under `size_class_bounds_bytes[i]` bytes.
+    pub size_histogram: Vec<UsageCount>,
+    /// The upper bounds of all classes but the last (which is open).
+    pub size_class_bounds_bytes: Vec<u64>,
 }
 
 /// Storage requests; chunk contents go in the frame's data part.

@@ -392,6 +392,12 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
 
     // Some traffic for the charts.
     std::fs::write(node.mount.join("load.bin"), pattern(7, 0, 16 * MIB as usize)).expect("write");
+    // And files for the analytics page: a top-level directory with a file another user owns.
+    std::fs::create_dir(node.mount.join("projects")).expect("mkdir");
+    std::fs::write(node.mount.join("projects/report.pdf"), pattern(8, 0, MIB as usize))
+        .expect("write");
+    std::os::unix::fs::chown(node.mount.join("projects/report.pdf"), Some(4242), Some(4242))
+        .expect("chown");
     let cluster = api.get("/api/v1/cluster");
 
     // Without a token the page asks for one; a wrong one brings the form back with the 401.
@@ -482,9 +488,33 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     assert_eq!(attr(&dom.tags("perf-controls")[0], "data-range-s").as_deref(), Some("900"));
     assert!(dom.text("perf-summary").is_some_and(|t| t.contains("Throughput · write")));
     let analytics_url = url("page=analytics");
-    let dom = browser.page(&analytics_url, "the analytics notice", |d| d.count("fs-card") == 1);
-    let notice = dom.text("analytics-unavailable").expect("the not-available panel");
-    assert!(notice.contains("Not available yet: needs the metadata counters route"), "{notice}");
+    let dom = browser.page(&analytics_url, "the analytics rankings", |d| {
+        d.count("fs-card") == 1 && d.count("size-class") == 5 && d.count("fileset-row") == 2
+    });
+    assert_eq!(dom.count("analytics-unavailable"), 0, "{}", dom.excerpt());
+    assert_eq!(dom.text("analytics-files").as_deref(), Some("2"));
+    assert_eq!(dom.text("analytics-bytes").as_deref(), Some("17.0 MiB"));
+    // The biggest file type is the 16 MiB .bin in the root, then the 1 MiB .pdf.
+    let ext_rows = dom.tags("ext-row");
+    assert_eq!(attr(&ext_rows[0], "data-extension").as_deref(), Some("bin"), "{ext_rows:?}");
+    assert_eq!(attr_u64(&ext_rows[0], "data-bytes"), 16 * MIB);
+    assert_eq!(dom.text("ext-row-name").as_deref(), Some(".bin"));
+    assert_eq!(dom.text("ext-row-bytes").as_deref(), Some("16.0 MiB"));
+    assert_eq!(attr(&ext_rows[1], "data-extension").as_deref(), Some("pdf"));
+    let filesets = dom.tags("fileset-row");
+    assert_eq!(attr(&filesets[1], "data-fileset").as_deref(), Some("projects"), "{filesets:?}");
+    assert_eq!(strip_tags(&dom.inners("fileset-row-name")[1]), "/projects");
+    assert_eq!(strip_tags(&dom.inners("fileset-row-bytes")[1]), "1.00 MiB");
+    let users = dom.tags("user-row");
+    let uids: Vec<_> = users.iter().map(|u| attr_u64(u, "data-uid")).collect();
+    assert_eq!(uids, [0, 4242], "root's 16 MiB first");
+    assert_eq!(dom.text("user-row-name").as_deref(), Some("root (0)"));
+    // The histogram: both files are in the 1 MiB – 64 MiB class.
+    let classes = dom.tags("size-class");
+    let files: Vec<_> = classes.iter().map(|c| attr_u64(c, "data-files")).collect();
+    assert_eq!(files, [0, 0, 0, 2, 0], "{classes:?}");
+    assert_eq!(attr(&classes[3], "data-label").as_deref(), Some("1 MiB – 64 MiB"));
+    assert!(dom.inners("size-histogram")[0].contains("<rect"), "bars drawn in SVG");
     assert!(dom.text("inodes-used").is_some_and(|n| n != "0"), "statfs counts the file");
     let events_url = url("page=events");
     let dom = browser.page(&events_url, "the event list", |d| d.count("event-row") >= 1);

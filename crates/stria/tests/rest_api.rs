@@ -370,3 +370,130 @@ fn rest_api_serves_the_live_node_and_its_actions() {
     node.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `(files, bytes)` of the ranking entry whose `key` is `value`.
+fn usage_of(list: &Value, key: &str, value: Value) -> Option<(u64, u64)> {
+    list.as_array()?
+        .iter()
+        .find(|e| e[key] == value)
+        .map(|e| (e["files"].as_u64().expect("files"), e["bytes"].as_u64().expect("bytes")))
+}
+
+#[test]
+fn rest_api_reports_file_system_analytics_from_the_mount() {
+    require_fuse();
+    let dir = scratch("rest-analytics");
+    let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
+    let api = Api::of(&node);
+    assert_eq!(api.get("/api/v1/analytics")["total"], json!({"files": 0, "bytes": 0}));
+    assert_eq!(request(api.addr, "GET", "/api/v1/analytics", None, None).status, 401);
+    for bad in ["top=0", "top=101", "top=x", "depth=1"] {
+        let reply = api.call("GET", &format!("/api/v1/analytics?{bad}"), None);
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.body);
+    }
+
+    // Files written as root through the mount; some given to uid 4242 (gid 4343).
+    let m = &node.mount;
+    std::fs::create_dir_all(m.join("proj/sub")).expect("mkdir proj");
+    std::fs::create_dir(m.join("home")).expect("mkdir home");
+    std::fs::write(m.join("proj/a.dat"), pattern(1, 0, 2 * MIB as usize)).expect("a.dat");
+    std::fs::write(m.join("proj/sub/b.DAT"), pattern(2, 0, 100 << 10)).expect("b.DAT");
+    std::fs::write(m.join("home/notes.txt"), vec![b'n'; 100]).expect("notes.txt");
+    std::fs::write(m.join("home/c.log"), pattern(3, 0, 10 << 10)).expect("c.log");
+    std::fs::write(m.join("top.txt"), b"seven!\n").expect("top.txt");
+    // Sparse: 64 MiB of size, nothing stored; counted by size like any file.
+    std::fs::File::create(m.join("home/disk.img"))
+        .and_then(|f| f.set_len(64 * MIB))
+        .expect("disk.img");
+    for name in ["proj/sub/b.DAT", "home/notes.txt", "home/disk.img"] {
+        std::os::unix::fs::chown(m.join(name), Some(4242), Some(4343)).expect("chown");
+    }
+
+    let total_bytes = 2 * MIB + (100 << 10) + 100 + (10 << 10) + 7 + 64 * MIB;
+    let a = eventually(&api, "/api/v1/analytics?top=10", "six files", |a| {
+        a["total"] == json!({"files": 6, "bytes": total_bytes})
+    });
+    assert_eq!(a["top"], 10);
+    assert_eq!(
+        a["users"],
+        json!([
+            {"uid": 4242, "name": null, "files": 3, "bytes": 64 * MIB + (100 << 10) + 100},
+            {"uid": 0, "name": "root", "files": 3, "bytes": 2 * MIB + (10 << 10) + 7},
+        ])
+    );
+    assert_eq!(a["groups"][0]["gid"], 4343);
+    assert_eq!(a["groups"][1]["gid"], 0);
+    let filesets: Vec<(String, u64, u64)> = a["filesets"]
+        .as_array()
+        .expect("filesets")
+        .iter()
+        .map(|f| {
+            let n = |k: &str| f[k].as_u64().expect("number");
+            (f["name"].as_str().expect("name").to_string(), n("files"), n("bytes"))
+        })
+        .collect();
+    assert_eq!(
+        filesets,
+        [
+            ("home".to_string(), 3, 64 * MIB + (10 << 10) + 100),
+            ("proj".to_string(), 2, 2 * MIB + (100 << 10)),
+            ("/".to_string(), 1, 7),
+        ]
+    );
+    assert_eq!(
+        a["extensions"],
+        json!([
+            {"extension": "img", "files": 1, "bytes": 64 * MIB},
+            {"extension": "dat", "files": 2, "bytes": 2 * MIB + (100 << 10)},
+            {"extension": "log", "files": 1, "bytes": 10 << 10},
+            {"extension": "txt", "files": 2, "bytes": 107},
+        ])
+    );
+    let classes: Vec<(String, u64, u64)> = a["size_histogram"]
+        .as_array()
+        .expect("histogram")
+        .iter()
+        .map(|c| {
+            let n = |k: &str| c[k].as_u64().expect("number");
+            (c["label"].as_str().expect("label").to_string(), n("files"), n("bytes"))
+        })
+        .collect();
+    let class = |label: &str, files, bytes| (label.to_string(), files, bytes);
+    assert_eq!(
+        classes,
+        [
+            class("< 4 KiB", 2, 107),
+            class("4 KiB – 64 KiB", 1, 10 << 10),
+            class("64 KiB – 1 MiB", 1, 100 << 10),
+            class("1 MiB – 64 MiB", 1, 2 * MIB),
+            class(">= 64 MiB", 1, 64 * MIB),
+        ]
+    );
+    assert_eq!(a["size_histogram"][4]["size_max_bytes"], Value::Null);
+    assert_eq!(a["size_histogram"][4]["size_min_bytes"], 64 * MIB);
+    let one = api.get("/api/v1/analytics?top=1");
+    assert_eq!(one["users"].as_array().map(Vec::len), Some(1));
+    assert_eq!(one["extensions"][0]["extension"], "img");
+    assert_eq!(one["size_histogram"], a["size_histogram"], "top cuts rankings only");
+
+    // Truncate and unlink through the mount move the numbers at once.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("home/disk.img"))
+        .and_then(|f| f.set_len(1000))
+        .expect("truncate");
+    std::fs::remove_file(m.join("home/notes.txt")).expect("unlink");
+    let total_bytes = 2 * MIB + (100 << 10) + (10 << 10) + 7 + 1000;
+    let a = eventually(&api, "/api/v1/analytics", "the truncate and the unlink", |a| {
+        a["total"] == json!({"files": 5, "bytes": total_bytes})
+    });
+    assert_eq!(usage_of(&a["users"], "uid", json!(4242)), Some((2, (100 << 10) + 1000)));
+    assert_eq!(a["users"][0]["uid"], 0, "root holds the most bytes now");
+    assert_eq!(usage_of(&a["filesets"], "name", json!("home")), Some((2, (10 << 10) + 1000)));
+    assert_eq!(usage_of(&a["extensions"], "extension", json!("txt")), Some((1, 7)));
+    assert_eq!(usage_of(&a["extensions"], "extension", json!("img")), Some((1, 1000)));
+    assert_eq!(a["size_histogram"][0]["files"], 2, "the truncated file is small now");
+    assert_eq!(a["size_histogram"][4]["files"], 0);
+    node.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
