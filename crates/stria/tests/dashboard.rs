@@ -14,7 +14,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -23,7 +22,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::http::request;
+use support::http::{Api, request};
 use support::node::{Node, pattern, require_fuse, scratch};
 
 const MIB: u64 = 1 << 20;
@@ -36,38 +35,11 @@ const BROWSER_RUN_MAX: Duration = Duration::from_secs(90);
 const SCREENSHOT_BYTES_MIN: u64 = 15_000;
 const WINDOW: (u32, u32) = (1280, 900);
 
-#[derive(Debug)]
-struct Api {
-    addr: SocketAddr,
-    token: String,
-}
-
-impl Api {
-    fn of(node: &Node) -> Api {
-        let run: Value = serde_json::from_str(
-            &std::fs::read_to_string(node.data.join("run.json")).expect("run.json"),
-        )
-        .expect("run.json is JSON");
-        let addr = run["api"].as_str().expect("run.json records the API").parse().expect("addr");
-        let token = std::fs::read_to_string(node.data.join("mgmt/api-token"))
-            .expect("the token file")
-            .trim()
-            .to_string();
-        Api { addr, token }
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let reply = request(self.addr, "GET", path, Some(&self.token), None);
-        assert_eq!(reply.status, 200, "GET {path}: {}", reply.body);
-        reply.json()
-    }
-
-    /// The dashboard's address for `query` (`page=drives&drive=...`), with the token or not.
-    fn url(&self, query: &str, token: Option<&str>) -> String {
-        match token {
-            Some(token) => format!("http://{}/#token={token}&{query}", self.addr),
-            None => format!("http://{}/#{query}", self.addr),
-        }
+/// The dashboard's address for `query` (`page=drives&drive=...`), with the token or not.
+fn dashboard_url(api: &Api, query: &str, token: Option<&str>) -> String {
+    match token {
+        Some(token) => format!("http://{}/#token={token}&{query}", api.addr),
+        None => format!("http://{}/#{query}", api.addr),
     }
 }
 
@@ -376,7 +348,7 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     let api = Api::of(&node);
     let mut browser = Browser::new(work.clone());
     assert_eq!(browser.bin, browser_bin);
-    let url = |query: &str| api.url(query, Some(&api.token));
+    let url = |query: &str| dashboard_url(&api, query, Some(&api.token));
 
     // The page and its files need no token (they hold no data); the API still does.
     let page = request(api.addr, "GET", "/", None, None);
@@ -403,7 +375,7 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     // Without a token the page asks for one; a wrong one brings the form back with the 401.
     // (Each wrong-token load costs about 5 failed requests; 10 a minute from one address
     // would bring 429s, so the test makes only a few.)
-    let login_url = api.url("page=overview", None);
+    let login_url = dashboard_url(&api, "page=overview", None);
     let dom = browser.dump_dom(&login_url, "the token form");
     assert_eq!(dom.body("data-view").as_deref(), Some("login"), "{}", dom.body_tag());
     assert!(!dom.tags("login")[0].contains(" hidden"), "the token form shows");
@@ -411,7 +383,8 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     browser.screenshot(&login_url, &shot);
     shots.push(shot);
     let wrong = "0".repeat(64);
-    let dom = browser.dump_dom(&api.url("page=overview", Some(&wrong)), "a wrong token");
+    let dom =
+        browser.dump_dom(&dashboard_url(&api, "page=overview", Some(&wrong)), "a wrong token");
     assert_eq!(dom.body("data-view").as_deref(), Some("login"), "{}", dom.body_tag());
     let message = dom.text("login-message").unwrap_or_default();
     assert!(message.contains("refused the token") && message.contains("401"), "{message}");
@@ -622,7 +595,7 @@ fn forms_work_through_the_api(
 ) {
     // No token yet in this profile: the form asks; a wrong token is refused; the right one opens
     // the page and stays in local storage.
-    tab.navigate(&api.url("page=storage", None));
+    tab.navigate(&dashboard_url(&api, "page=storage", None));
     tab.wait("the token form", "document.body.dataset.view === 'login'");
     let wrong = "1".repeat(64);
     tab.run(&format!(

@@ -6,50 +6,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::http::{Reply, request};
+use support::http::{Api, request};
 use support::node::{Node, pattern, require_fuse, scratch};
 
 const MIB: u64 = 1 << 20;
-
-struct Api {
-    addr: SocketAddr,
-    token: String,
-}
-
-impl Api {
-    fn of(node: &Node) -> Api {
-        let run: Value = serde_json::from_str(
-            &std::fs::read_to_string(node.data.join("run.json")).expect("run.json"),
-        )
-        .expect("run.json is JSON");
-        let addr = run["api"].as_str().expect("run.json records the API").parse().expect("addr");
-        let token = std::fs::read_to_string(node.data.join("mgmt/api-token"))
-            .expect("the token file")
-            .trim()
-            .to_string();
-        Api { addr, token }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
-        request(self.addr, method, path, Some(&self.token), body)
-    }
-
-    /// A request that must succeed with `status`; its JSON body.
-    fn ok(&self, method: &str, path: &str, body: Option<&str>, status: u16) -> Value {
-        let reply = self.call(method, path, body);
-        assert_eq!(reply.status, status, "{method} {path}: {}", reply.body);
-        reply.json()
-    }
-
-    fn get(&self, path: &str) -> Value {
-        self.ok("GET", path, None, 200)
-    }
-}
 
 /// Waits until `check` holds on a fresh GET of `path`.
 fn eventually(api: &Api, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {

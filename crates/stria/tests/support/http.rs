@@ -90,3 +90,47 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
         data = &data[size + 2..];
     }
 }
+
+/// The management API of a test node: its address (from `DATA/run.json`) and token.
+#[derive(Debug)]
+pub struct Api {
+    pub addr: std::net::SocketAddr,
+    pub token: String,
+}
+
+impl Api {
+    pub fn of(node: &super::node::Node) -> Api {
+        let run: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(node.data.join("run.json")).expect("run.json"),
+        )
+        .expect("run.json is JSON");
+        let addr = run["api"].as_str().expect("run.json records the API").parse().expect("addr");
+        let token = std::fs::read_to_string(node.data.join("mgmt/api-token"))
+            .expect("the token file")
+            .trim()
+            .to_string();
+        Api { addr, token }
+    }
+
+    /// One request with the token.
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Reply {
+        request(self.addr, method, path, Some(&self.token), body)
+    }
+
+    /// A request that must succeed with `status`; its JSON body.
+    pub fn ok(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        status: u16,
+    ) -> serde_json::Value {
+        let reply = self.call(method, path, body);
+        assert_eq!(reply.status, status, "{method} {path}: {}", reply.body);
+        reply.json()
+    }
+
+    pub fn get(&self, path: &str) -> serde_json::Value {
+        self.ok("GET", path, None, 200)
+    }
+}
