@@ -42,11 +42,27 @@ fn wire_analytics(a: crate::Analytics) -> wire::Analytics {
     }
 }
 
+/// Requests served, by operation (`MetaRequest::op_name`), since the service started.
+#[derive(Debug, Default)]
+pub struct OpCounts(std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>);
+
+impl OpCounts {
+    fn count(&self, op: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()).entry(op).or_default() += 1;
+    }
+
+    /// Every operation seen so far with its count, by name.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, *v)).collect()
+    }
+}
+
 /// The metadata service: a [`Meta`] behind the RPC [`Service`] interface.
 #[derive(Clone)]
 pub struct MetaService {
     meta: Arc<Meta>,
     capacity: CapacitySource,
+    ops: Arc<OpCounts>,
 }
 
 impl std::fmt::Debug for MetaService {
@@ -56,14 +72,20 @@ impl std::fmt::Debug for MetaService {
 }
 
 impl MetaService {
+    /// The per-operation request counters (shared by every clone of the service).
+    pub fn op_counts(&self) -> Arc<OpCounts> {
+        self.ops.clone()
+    }
+
     pub fn new(meta: Arc<Meta>, capacity: CapacitySource) -> MetaService {
-        MetaService { meta, capacity }
+        MetaService { meta, capacity, ops: Arc::default() }
     }
 
     /// Runs one request to completion (synchronously).
     pub fn handle(&self, request: MetaRequest) -> Result<MetaReply, FsStatus> {
         let op = request.op_name();
         tracing::trace!(op, "metadata request");
+        self.ops.count(op);
         self.dispatch(request).map_err(|error| {
             let status = error.status();
             if status == FsStatus::Io {

@@ -654,6 +654,7 @@ async fn get_metrics(State(state): State<ApiState>) -> Result<Response, ApiError
             version: env!("CARGO_PKG_VERSION").into(),
             started_unix_s: state.identity.started_unix_s,
             targets: state.view().targets(),
+            metadata_ops: state.view().metadata_ops(),
             volumes,
             exports,
             statfs,

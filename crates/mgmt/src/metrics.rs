@@ -49,6 +49,8 @@ pub struct Scrape {
     pub exports: Vec<ExportInfo>,
     /// (bytes total, bytes free, inodes total, inodes used) of the file system, if it answered.
     pub statfs: Option<(u64, u64, u64, u64)>,
+    /// Metadata requests served, by operation.
+    pub metadata_ops: Vec<(String, u64)>,
     pub auth_failures: u64,
     pub auth_rate_limited: u64,
     pub events: u64,
@@ -403,6 +405,16 @@ fn families(s: &Scrape) -> Families {
         f.gauge("stria_fs_inodes", "Inodes the file system may hold.", None)
             .put(&none, inodes_total as f64);
         f.gauge("stria_fs_inodes_used", "Inodes in use.", None).put(&none, inodes_used as f64);
+    }
+
+    // The metadata service.
+    let mut sink = f.counter(
+        "stria_metadata_ops",
+        "Metadata requests served since the node started, by operation.",
+        None,
+    );
+    for (op, count) in &s.metadata_ops {
+        sink.put(&vec![("op", op.clone())], *count as f64);
     }
 
     // Volumes and exports.

@@ -268,6 +268,10 @@ pub trait NodeView: Send + Sync {
     ) -> Result<(), MgmtError>;
     /// Asks the running scrub of `target` to stop; it ends after the stripe in hand.
     fn stop_scrub(&self, target: TargetId) -> Result<(), MgmtError>;
+    /// Metadata requests served since the node started, by operation name.
+    fn metadata_ops(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Days until `rated` bytes are written, at the rate `session_written` bytes per

@@ -32,6 +32,8 @@ pub fn open_meta(path: &Path, targets: &[TargetId]) -> Result<Arc<Meta>> {
 #[derive(Debug)]
 pub struct Services {
     pub meta_addr: SocketAddr,
+    /// Metadata requests served, by operation (for metrics).
+    pub meta_ops: Arc<stria_meta::service::OpCounts>,
     pub storage_addr: SocketAddr,
     handles: Vec<ShutdownHandle>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -81,6 +83,7 @@ pub async fn serve(
     });
     let meta_service = Arc::new(MetaService::new(meta.clone(), capacity));
     let services = Services {
+        meta_ops: meta_service.op_counts(),
         meta_addr: meta_server.local_addr(),
         storage_addr: storage_server.local_addr(),
         handles: vec![meta_server.shutdown_handle(), storage_server.shutdown_handle()],

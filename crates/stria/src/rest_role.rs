@@ -46,6 +46,7 @@ pub struct LocalView {
     rebuild_limits: Mutex<HashMap<TargetId, u64>>,
     scrubs: Mutex<HashMap<TargetId, ScrubJob>>,
     capacities: Mutex<HashMap<String, Option<u64>>>,
+    metadata_ops: Arc<stria_meta::service::OpCounts>,
 }
 
 impl std::fmt::Debug for LocalView {
@@ -69,8 +70,12 @@ fn device_bytes(path: &str) -> Option<u64> {
 }
 
 impl LocalView {
-    pub fn new(storage: StorageService) -> LocalView {
+    pub fn new(
+        storage: StorageService,
+        metadata_ops: Arc<stria_meta::service::OpCounts>,
+    ) -> LocalView {
         LocalView {
+            metadata_ops,
             storage,
             started: Instant::now(),
             rebuild_limits: Mutex::new(HashMap::new()),
@@ -332,6 +337,10 @@ impl NodeView for LocalView {
         Ok(())
     }
 
+    fn metadata_ops(&self) -> Vec<(String, u64)> {
+        self.metadata_ops.snapshot().into_iter().map(|(op, n)| (op.to_string(), n)).collect()
+    }
+
     fn stop_scrub(&self, target: TargetId) -> Result<(), MgmtError> {
         self.storage.targets().find(|t| t.id == target).ok_or_else(|| not_found(target))?;
         let thread = {
@@ -403,6 +412,7 @@ pub fn start(
     data: &Path,
     mgmt: &Mgmt,
     storage: &StorageService,
+    metadata_ops: Arc<stria_meta::service::OpCounts>,
     roles: RoleAddresses,
 ) -> Result<RestRole> {
     let mgmt_dir = data.join("mgmt");
@@ -426,7 +436,7 @@ pub fn start(
             mount: roles.mount.map(|m| m.display().to_string()),
         },
     };
-    let view = Arc::new(LocalView::new(storage.clone()));
+    let view = Arc::new(LocalView::new(storage.clone(), metadata_ops));
     let new_token = created.then(|| token.as_str().to_string());
     let server = {
         let _entered = runtime.enter();

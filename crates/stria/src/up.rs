@@ -286,6 +286,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         &data,
         &mgmt,
         &storage,
+        services.meta_ops.clone(),
         crate::rest_role::RoleAddresses {
             mgmt: mgmt_addr,
             meta: services.meta_addr,

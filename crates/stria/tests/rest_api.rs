@@ -217,6 +217,12 @@ fn rest_api_serves_the_live_node_and_its_actions() {
                 && !l.ends_with(" 0")),
         "the refusal is counted in the metrics"
     );
+    // load.bin was created through the mount: the metadata service counted the create.
+    let creates = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stria_metadata_ops_total{op=\"create\"} "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(creates.is_some_and(|n| n >= 1.0), "metadata ops by type in the metrics:\n{text}");
     let x = api.ok("POST", "/api/v1/exports/vm1/initiators", Some(r#"{"net":"127.0.0.1"}"#), 200);
     assert_eq!(x["acl"], json!([{"net": "127.0.0.1/32", "tls_identity": null}]));
     let bad = api.call("POST", "/api/v1/exports/vm1/initiators", Some(r#"{"net":"10.0.0.1/8"}"#));
