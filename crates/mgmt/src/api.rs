@@ -142,6 +142,7 @@ fn parts() -> (OpenApiRouter<ApiState>, OpenApiRouter<ApiState>) {
         .routes(routes!(start_scrub, stop_scrub))
         .routes(routes!(list_pools))
         .routes(routes!(list_filesystems))
+        .routes(routes!(list_clients))
         .merge(crate::api_volumes::routes())
         .merge(crate::api_analytics::routes())
         .routes(routes!(list_events))
@@ -595,6 +596,54 @@ async fn list_filesystems(
             inodes_used: s.files_used,
             inodes_free: s.files_total.saturating_sub(s.files_used),
         }]))
+    })
+    .await
+}
+
+/// One client of the node: the FUSE mount, or an NBD connection.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Client {
+    /// `fuse` or `nbd`.
+    pub kind: String,
+    /// The mount point (`fuse`).
+    pub mount: Option<String>,
+    /// The initiator's address (`nbd`).
+    pub peer: Option<String>,
+    /// The export it uses (`nbd`).
+    pub export: Option<String>,
+    /// The connection runs TLS (`nbd`).
+    pub tls: Option<bool>,
+    /// Connected since, in seconds since the Unix epoch (`nbd`).
+    pub since_unix_s: Option<u64>,
+}
+
+/// The clients using the node now: its FUSE mount and every NBD connection in transmission.
+#[utoipa::path(get, path = "/api/v1/clients", tag = "volumes",
+    responses((status = 200, body = Vec<Client>), (status = 401, body = ErrorBody)))]
+async fn list_clients(State(state): State<ApiState>) -> Result<Json<Vec<Client>>, ApiError> {
+    blocking(move || {
+        let mut out = Vec::new();
+        if let Some(mount) = &state.identity.addresses.mount {
+            out.push(Client {
+                kind: "fuse".into(),
+                mount: Some(mount.clone()),
+                peer: None,
+                export: None,
+                tls: None,
+                since_unix_s: None,
+            });
+        }
+        for c in state.mgmt.gateway_clients() {
+            out.push(Client {
+                kind: "nbd".into(),
+                mount: None,
+                peer: Some(c.peer.to_string()),
+                export: Some(c.export),
+                tls: Some(c.tls),
+                since_unix_s: Some(c.since_unix_s),
+            });
+        }
+        Ok(Json(out))
     })
     .await
 }

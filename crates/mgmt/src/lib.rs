@@ -41,4 +41,4 @@ pub use events::{Event, EventKind, EventLog, Severity};
 pub use monitor::Monitor;
 pub use node_view::NodeView;
 pub use registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
-pub use service::{ExportStats, Gateway, Mgmt, MgmtRpc, PoolResolver};
+pub use service::{ExportStats, Gateway, GatewayClient, Mgmt, MgmtRpc, PoolResolver};

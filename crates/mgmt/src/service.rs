@@ -27,6 +27,15 @@ pub struct ExportStats {
     pub refused: u64,
 }
 
+/// One NBD client in transmission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayClient {
+    pub peer: std::net::SocketAddr,
+    pub export: String,
+    pub tls: bool,
+    pub since_unix_s: u64,
+}
+
 /// What serves the exports (the NBD gateway). `apply` gets the whole current set after every
 /// change, each export with its volume.
 pub trait Gateway: Send + Sync {
@@ -35,6 +44,10 @@ pub trait Gateway: Send + Sync {
     /// Reads and writes the gateway served for the volume since it started.
     fn volume_io(&self, _object: ObjectId) -> VolumeIoCounts {
         VolumeIoCounts::default()
+    }
+    /// The NBD clients connected now.
+    fn clients(&self) -> Vec<GatewayClient> {
+        Vec::new()
     }
 }
 
@@ -154,6 +167,11 @@ impl Mgmt {
     pub fn set_gateway(&self, gateway: Arc<dyn Gateway>) -> Result<(), MgmtError> {
         *self.gateway.write().unwrap_or_else(|e| e.into_inner()) = Some(gateway);
         self.publish()
+    }
+
+    /// The NBD clients connected now (none without a gateway).
+    pub fn gateway_clients(&self) -> Vec<GatewayClient> {
+        self.gateway().map(|g| g.clients()).unwrap_or_default()
     }
 
     fn gateway(&self) -> Option<Arc<dyn Gateway>> {

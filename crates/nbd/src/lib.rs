@@ -61,6 +61,7 @@ pub use backend::{Backend, BackendError, BackendErrorKind, BackendFuture, Extent
 pub use export::{Export, ExportError, ExportStats, Exports};
 pub use mem_backend::{MEM_BLOCK_BYTES, MemBackend};
 pub use server::{
-    Server, ServerConfig, ServerError, ServerStats, ServerStatsSnapshot, ShutdownHandle,
+    ClientInfo, Clients, Server, ServerConfig, ServerError, ServerStats, ServerStatsSnapshot,
+    ShutdownHandle,
 };
 pub use tls::{TlsConfig, TlsSetupError, certificate_identities};

@@ -140,6 +140,51 @@ impl ShutdownHandle {
     }
 }
 
+/// One connected client in transmission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub peer: SocketAddr,
+    pub export: String,
+    /// The connection runs TLS.
+    pub tls: bool,
+    /// When it entered transmission, in seconds since the Unix epoch.
+    pub since_unix_s: u64,
+}
+
+/// The clients in transmission, shared with whoever lists them.
+#[derive(Clone, Debug, Default)]
+pub struct Clients {
+    inner: Arc<std::sync::Mutex<(u64, std::collections::BTreeMap<u64, ClientInfo>)>>,
+}
+
+impl Clients {
+    /// Every client in transmission now, oldest first.
+    pub fn list(&self) -> Vec<ClientInfo> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.1.values().cloned().collect()
+    }
+
+    fn add(&self, client: ClientInfo) -> ClientGuard {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.0 += 1;
+        let id = inner.0;
+        inner.1.insert(id, client);
+        ClientGuard { clients: self.clone(), id }
+    }
+}
+
+/// Removes a client from the list when its connection ends.
+struct ClientGuard {
+    clients: Clients,
+    id: u64,
+}
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.clients.inner.lock().unwrap_or_else(|e| e.into_inner()).1.remove(&self.id);
+    }
+}
+
 /// What every connection task shares.
 pub(crate) struct Shared {
     pub exports: Exports,
@@ -147,6 +192,7 @@ pub(crate) struct Shared {
     pub tls: Option<TlsAcceptor>,
     pub tls_required: bool,
     pub stats: Arc<ServerStats>,
+    pub clients: Clients,
 }
 
 impl std::fmt::Debug for Shared {
@@ -190,7 +236,14 @@ impl Server {
         let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let tls_required = config.tls.as_ref().is_some_and(|t| t.required);
         let (tx, _) = watch::channel(false);
-        let shared = Shared { exports, config, tls, tls_required, stats: Arc::default() };
+        let shared = Shared {
+            exports,
+            config,
+            tls,
+            tls_required,
+            stats: Arc::default(),
+            clients: Clients::default(),
+        };
         Ok(Server { shared: Arc::new(shared), shutdown: Arc::new(tx) })
     }
 
@@ -200,6 +253,11 @@ impl Server {
 
     pub fn stats(&self) -> Arc<ServerStats> {
         self.shared.stats.clone()
+    }
+
+    /// The clients in transmission, listable while the server runs.
+    pub fn clients(&self) -> Clients {
+        self.shared.clients.clone()
     }
 
     pub fn exports(&self) -> &Exports {
@@ -299,5 +357,14 @@ async fn serve_connection(
         Ok(Ok(None)) => return,
         Ok(Ok(Some(negotiated))) => negotiated,
     };
+    let since_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let _listed = shared.clients.add(ClientInfo {
+        peer,
+        export: negotiated.export_name.clone(),
+        tls: matches!(negotiated.transport, Transport::Tls(_)),
+        since_unix_s,
+    });
     transmission::run(shared, negotiated, shutdown).await;
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use stria_client::{Client, VolumeIo};
-use stria_mgmt::{ExportRecord, ExportStats, Gateway, VolumeRecord};
+use stria_mgmt::{ExportRecord, ExportStats, Gateway, GatewayClient, VolumeRecord};
 use stria_nbd::{
     AclRule, Backend, BackendError, BackendErrorKind, BackendFuture, Export, Exports, Extent,
     TlsConfig,
@@ -132,6 +132,7 @@ pub struct NbdGateway {
     addr: SocketAddr,
     backends: Mutex<HashMap<ObjectId, Arc<VolumeBackend>>>,
     handle: stria_nbd::ShutdownHandle,
+    clients: stria_nbd::Clients,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -153,6 +154,7 @@ impl NbdGateway {
         let server = stria_nbd::Server::new(exports.clone(), config)
             .map_err(|e| anyhow::anyhow!("cannot start the NBD gateway: {e}"))?;
         let handle = server.shutdown_handle();
+        let clients = server.clients();
         let task = tokio::spawn(async move {
             if let Err(e) = server.serve(listener).await {
                 tracing::error!(%e, "NBD gateway stopped");
@@ -165,6 +167,7 @@ impl NbdGateway {
             addr,
             backends: Mutex::new(HashMap::new()),
             handle,
+            clients,
             task: Mutex::new(Some(task)),
         }))
     }
@@ -227,6 +230,19 @@ impl Gateway for NbdGateway {
                 tracing::error!(export = %export.name, "cannot serve export: {e}");
             }
         }
+    }
+
+    fn clients(&self) -> Vec<GatewayClient> {
+        self.clients
+            .list()
+            .into_iter()
+            .map(|c| GatewayClient {
+                peer: c.peer,
+                export: c.export,
+                tls: c.tls,
+                since_unix_s: c.since_unix_s,
+            })
+            .collect()
     }
 
     fn volume_io(&self, object: ObjectId) -> VolumeIoCounts {

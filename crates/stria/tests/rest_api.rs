@@ -227,6 +227,26 @@ fn rest_api_serves_the_live_node_and_its_actions() {
     assert_eq!(x["acl"], json!([{"net": "127.0.0.1/32", "tls_identity": null}]));
     let bad = api.call("POST", "/api/v1/exports/vm1/initiators", Some(r#"{"net":"10.0.0.1/8"}"#));
     assert_eq!((bad.status, bad.json()["error"]["field"].clone()), (400, json!("net")));
+    // A connected initiator is a client of the node, next to the FUSE mount, until it leaves.
+    let mut holder = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", "-r", &uri, "-c", "sleep 4000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run qemu-io (the test command installs qemu-utils)");
+    let clients = eventually(&api, "/api/v1/clients", "the NBD client", |c| {
+        c.as_array().is_some_and(|all| all.iter().any(|x| x["kind"] == "nbd"))
+    });
+    let all = clients.as_array().expect("list");
+    let fuse = all.iter().find(|x| x["kind"] == "fuse").expect("the FUSE mount is a client");
+    assert_eq!(fuse["mount"], json!(node.mount.display().to_string()));
+    let nbd = all.iter().find(|x| x["kind"] == "nbd").expect("nbd client");
+    assert_eq!((nbd["export"].clone(), nbd["tls"].clone()), (json!("vm1"), json!(false)));
+    assert!(nbd["peer"].as_str().expect("peer").starts_with("127.0.0.1:"), "{nbd}");
+    holder.wait().expect("qemu-io ends");
+    eventually(&api, "/api/v1/clients", "the NBD client gone", |c| {
+        c.as_array().is_some_and(|all| all.iter().all(|x| x["kind"] != "nbd"))
+    });
     let x = api.ok("DELETE", "/api/v1/exports/vm1/initiators", Some(r#"{"net":"127.0.0.1"}"#), 200);
     assert_eq!(x["acl"], json!([]));
     api.ok("POST", "/api/v1/exports/vm1/initiators", Some(r#"{"net":"10.2.0.0/16"}"#), 200);

@@ -33,6 +33,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub exports: Exports,
     pub stats: Arc<ServerStats>,
+    pub clients: stria_nbd::Clients,
     shutdown: ShutdownHandle,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -42,6 +43,7 @@ impl TestServer {
         init_tracing();
         let server = Server::new(exports.clone(), config).expect("server config");
         let stats = server.stats();
+        let clients = server.clients();
         let shutdown = server.shutdown_handle();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -57,7 +59,7 @@ impl TestServer {
             });
         });
         let addr = rx.recv().expect("server started");
-        TestServer { addr, exports, stats, shutdown, thread: Some(thread) }
+        TestServer { addr, exports, stats, clients, shutdown, thread: Some(thread) }
     }
 
     pub fn uri(&self, export: &str) -> String {
