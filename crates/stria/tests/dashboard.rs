@@ -346,7 +346,7 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     let args = ["--drives", &drives, "--raid", "5", "--drive-size", "256M", "--rated-tbw", "1"];
     let mut node = Node::start(&dir, &args);
     let api = Api::of(&node);
-    let mut browser = Browser::new(work.clone());
+    let mut browser = Browser::new(work.to_path_buf());
     assert_eq!(browser.bin, browser_bin);
     let url = |query: &str| dashboard_url(&api, query, Some(&api.token));
 

@@ -8,12 +8,50 @@ use std::time::{Duration, Instant};
 
 pub const STRIA: &str = env!("CARGO_BIN_EXE_stria");
 
-/// A scratch directory on a disk file system (O_DIRECT and io_uring do real I/O there).
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh directory under /var/tmp (a disk file system, where O_DIRECT and io_uring do real
+/// I/O), removed when the test passes; a failing test leaves it for a look.
+pub fn scratch(name: &str) -> Scratch {
     let dir = Path::new("/var/tmp").join(format!("stria-e2e-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    Scratch(dir)
+}
+
+/// A test's scratch directory; see [`scratch`].
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} for a look", self.0.display());
+            return;
+        }
+        if is_mounted(&self.0.join("mnt")) {
+            let _ = Command::new("umount").arg("-l").arg(self.0.join("mnt")).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The tests need FUSE: say exactly what is missing instead of skipping.
