@@ -214,7 +214,9 @@ impl Mgmt {
             }
             MgmtRequest::VolumeList => {
                 let volumes = self.registry.volumes()?;
-                Ok(MgmtReply::Volumes(volumes.iter().map(|v| self.volume_info(v)).collect()))
+                let exports = self.registry.exports()?;
+                let infos = volumes.iter().map(|v| self.volume_info_with(v, &exports)).collect();
+                Ok(MgmtReply::Volumes(infos))
             }
             MgmtRequest::VolumeShow { name } => {
                 Ok(MgmtReply::Volume(self.volume_info(&self.registry.volume(&name)?)))
@@ -388,13 +390,17 @@ impl Mgmt {
     }
 
     fn volume_info(&self, v: &VolumeRecord) -> VolumeInfo {
+        let exports = self.registry.exports().unwrap_or_default();
+        self.volume_info_with(v, &exports)
+    }
+
+    /// As [`Mgmt::volume_info`], with the export table already read (a listing reads it once,
+    /// not once per volume).
+    fn volume_info_with(&self, v: &VolumeRecord, all_exports: &[ExportRecord]) -> VolumeInfo {
         let allocated =
             self.client.volume(v.object, v.layout.clone(), v.size_bytes).allocated_bytes().ok();
-        let exports = self
-            .registry
-            .exports()
-            .map(|all| all.into_iter().filter(|e| e.volume == v.name).map(|e| e.name).collect())
-            .unwrap_or_default();
+        let exports =
+            all_exports.iter().filter(|e| e.volume == v.name).map(|e| e.name.clone()).collect();
         VolumeInfo {
             name: v.name.clone(),
             object: v.object.0,
