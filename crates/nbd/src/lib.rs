@@ -46,6 +46,7 @@
 //! The design notes are in `docs/internals/nbd.md`.
 
 mod acl;
+pub mod client;
 mod backend;
 mod export;
 mod handshake;

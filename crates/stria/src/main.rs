@@ -5,6 +5,7 @@
 //! holds no storage logic of its own: arrays, drives and parity live in `stria-raid` and
 //! `stria-io`, and every command here is a thin, careful driver of their public API.
 
+mod bench_cmd;
 mod fs_cmd;
 mod fsck;
 mod gateway;
@@ -71,6 +72,7 @@ enum Command {
     /// Who may use an export: allow, deny, list.
     #[command(subcommand)]
     Initiator(volume_cmd::InitiatorCommand),
+    Bench(bench_cmd::BenchArgs),
 }
 
 /// The command line asked for something impossible (exit code 2). Every other error is a
@@ -114,6 +116,7 @@ fn main() -> ExitCode {
         Command::Volume(command) => volume_cmd::volume(command),
         Command::Export(command) => volume_cmd::export(command),
         Command::Initiator(command) => volume_cmd::initiator(command),
+        Command::Bench(args) => bench_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -158,7 +158,7 @@ pub struct InitiatorListArgs {
 const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Sends one request to the management service of the node running on `node`.
-fn call(node: &NodeArgs, request: MgmtRequest) -> Result<MgmtReply> {
+pub(crate) fn call(node: &NodeArgs, request: MgmtRequest) -> Result<MgmtReply> {
     let run = RunRecord::load(&node.data)?;
     let Some(addr) = run.mgmt else {
         anyhow::bail!(
