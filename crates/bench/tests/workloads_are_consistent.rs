@@ -468,7 +468,8 @@ fn comparisons_interleave_targets_and_chart_the_sweep() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["records"].as_array().unwrap().len(), 12);
 
-    let (files, _fonts) = stria_bench::chart::sweep_charts(&report, &charts.0).unwrap();
+    let (files, fonts) = stria_bench::chart::sweep_charts(&report, &charts.0).unwrap();
+    assert!(fonts, "no system fonts for the PNG text: the test command installs fonts-dejavu-core");
     assert_eq!(files.len(), 4, "{files:?}");
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
