@@ -393,3 +393,48 @@ fn a_sweep_writes_a_table_json_and_charts() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nothing to measure"), "{}", text(&out));
 }
+
+#[test]
+fn ctrl_c_stops_a_run_with_partial_results_and_nothing_left_behind() {
+    require_fuse();
+    let dir = scratch("bench-interrupt");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "256M", "--raid", "5"]);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_stria"))
+        .args(["bench", "meta", "--path", &node.mount.display().to_string(), "-t", "2"])
+        .args(["--files", "1000000", "--files-per-dir", "1000", "--no-progress", "--data"])
+        .arg(&node.data)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it create some files, then interrupt it as Ctrl-C does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    fn walk(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| {
+                        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                            walk(&e.path())
+                        } else {
+                            1
+                        }
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    while walk(&node.mount) < 50 {
+        assert!(std::time::Instant::now() < deadline, "the benchmark created no files");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("INTERRUPTED"), "{stdout}");
+    assert!(stdout.contains("create"), "the partial create phase is reported: {stdout}");
+    assert!(text(&out).contains("interrupted"), "{}", text(&out));
+    mount_is_empty(&node);
+}
