@@ -261,8 +261,7 @@ fn find(ctx: &RunContext, target: &dyn Target, root: &str) -> io::Result<PhaseRe
                     stack.push(path);
                 } else {
                     let size = target.stat(&path)?;
-                    let matched =
-                        entry.name.contains('1') && size == MDTEST_HARD_FILE_BYTES as u64;
+                    let matched = entry.name.contains('1') && size == MDTEST_HARD_FILE_BYTES as u64;
                     // Matches are counted as reads, the rest as other operations.
                     if matched {
                         meter.read.record(0, started.elapsed());

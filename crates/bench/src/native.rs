@@ -4,7 +4,9 @@
 //! Names are resolved with one lookup per component from the root, as a path walk in the kernel
 //! would do without its dentry cache. The client keeps no page cache, so nothing needs dropping.
 
+use std::collections::HashMap;
 use std::io;
+use std::sync::Mutex;
 
 use stria_client::{Client, FileHandleId, FsResult};
 use stria_proto::fs::{FsStatus, Ino, ROOT_INO};
@@ -20,6 +22,10 @@ pub struct NativeTarget {
     client: Client,
     label: String,
     caller: Caller,
+    /// Directories this target made or walked, by path: a client holds on to the directories
+    /// it works in as the kernel's dentry cache does, so a file operation costs one lookup of
+    /// its own name, not one per path component. Only the benchmark changes its directories.
+    dirs: Mutex<HashMap<String, Ino>>,
 }
 
 fn io_error(status: FsStatus, what: &str, path: &str) -> io::Error {
@@ -30,7 +36,12 @@ fn io_error(status: FsStatus, what: &str, path: &str) -> io::Error {
 impl NativeTarget {
     /// Runs as root (uid 0), as the benchmark's other targets usually do.
     pub fn new(client: Client, label: impl Into<String>) -> NativeTarget {
-        NativeTarget { client, label: label.into(), caller: Caller::root() }
+        NativeTarget {
+            client,
+            label: label.into(),
+            caller: Caller::root(),
+            dirs: Mutex::new(HashMap::new()),
+        }
     }
 
     fn split(path: &str) -> (&str, &str) {
@@ -40,10 +51,29 @@ impl NativeTarget {
         }
     }
 
+    fn dirs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ino>> {
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn resolve(&self, path: &str) -> FsResult<Ino> {
+        if path.is_empty() {
+            return Ok(ROOT_INO);
+        }
+        if let Some(&ino) = self.dirs().get(path) {
+            return Ok(ino);
+        }
         let mut ino = ROOT_INO;
         for name in path.split('/').filter(|c| !c.is_empty()) {
             ino = self.client.lookup(&self.caller, ino, name.as_bytes())?.ino;
+        }
+        Ok(ino)
+    }
+
+    /// Resolves a directory and remembers it.
+    fn resolve_dir(&self, path: &str) -> FsResult<Ino> {
+        let ino = self.resolve(path)?;
+        if !path.is_empty() {
+            self.dirs().insert(path.to_string(), ino);
         }
         Ok(ino)
     }
@@ -71,11 +101,16 @@ impl Target for NativeTarget {
     }
 
     fn mkdir(&self, path: &str) -> io::Result<()> {
-        self.in_dir(path, "mkdir", |p, n| self.client.mkdir(&self.caller, p, n, 0o755).map(|_| ()))
+        let attr =
+            self.in_dir(path, "mkdir", |p, n| self.client.mkdir(&self.caller, p, n, 0o755))?;
+        self.dirs().insert(path.to_string(), attr.ino);
+        Ok(())
     }
 
     fn rmdir(&self, path: &str) -> io::Result<()> {
-        self.in_dir(path, "rmdir", |p, n| self.client.rmdir(&self.caller, p, n))
+        self.in_dir(path, "rmdir", |p, n| self.client.rmdir(&self.caller, p, n))?;
+        self.dirs().remove(path);
+        Ok(())
     }
 
     fn open(&self, path: &str, mode: OpenMode) -> io::Result<Box<dyn DataFile>> {
@@ -96,7 +131,7 @@ impl Target for NativeTarget {
         } else {
             let mask =
                 if mode.write { libc::R_OK as u32 | libc::W_OK as u32 } else { libc::R_OK as u32 };
-            let ino = self.resolve(path).map_err(|s| io_error(s, "open", path))?;
+            let ino = self.in_dir(path, "open", |p, n| self.client.lookup(&self.caller, p, n))?.ino;
             let (fh, attr) =
                 self.client.open(&self.caller, ino, mask).map_err(|s| io_error(s, "open", path))?;
             (fh, attr.size)
@@ -113,7 +148,7 @@ impl Target for NativeTarget {
     }
 
     fn list(&self, path: &str) -> io::Result<Vec<Entry>> {
-        let ino = self.resolve(path).map_err(|s| io_error(s, "readdir", path))?;
+        let ino = self.resolve_dir(path).map_err(|s| io_error(s, "readdir", path))?;
         let mut entries = Vec::new();
         let mut cookie = 0;
         loop {

@@ -62,6 +62,13 @@ pub struct Point {
     pub peak: f64,
 }
 
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CacheNote {
+    pub target: String,
+    pub policy: String,
+    pub phases: Vec<String>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub tool: String,
@@ -75,8 +82,8 @@ pub struct Report {
     pub points: Vec<Point>,
     pub summary: Vec<SummaryRow>,
     pub ratios: Vec<RatioRow>,
-    /// How caches were kept out, per target and phase.
-    pub cache: Vec<String>,
+    /// How caches were kept out: per target, each policy with the phases it applied to.
+    pub cache: Vec<CacheNote>,
     pub notes: Vec<String>,
     /// Stopped by Ctrl-C: the figures cover what ran.
     pub interrupted: bool,
@@ -163,9 +170,18 @@ impl Report {
                         peak: runs.iter().map(|p| p.peak_rate).fold(0.0, f64::max),
                     });
                     for p in &runs {
-                        let line = format!("{} {}: {}", target.label, phase, p.cache);
-                        if !self.cache.contains(&line) {
-                            self.cache.push(line);
+                        let found = self
+                            .cache
+                            .iter_mut()
+                            .find(|n| n.target == target.label && n.policy == p.cache);
+                        match found {
+                            Some(note) if note.phases.contains(phase) => {}
+                            Some(note) => note.phases.push(phase.clone()),
+                            None => self.cache.push(CacheNote {
+                                target: target.label.clone(),
+                                policy: p.cache.clone(),
+                                phases: vec![phase.clone()],
+                            }),
                         }
                     }
                 }
@@ -237,20 +253,22 @@ impl Report {
         for note in &self.notes {
             let _ = writeln!(out, "note: {note}");
         }
-        let _ = writeln!(out, "caches:");
-        for line in &self.cache {
-            let _ = writeln!(out, "  {line}");
+        // Targets are T1, T2… in the tables; T1 is the baseline of the ratios.
+        let _ = writeln!(out, "targets:");
+        for (i, t) in self.targets.iter().enumerate() {
+            let _ = writeln!(out, "  T{} = {} ({:?})", i + 1, t.label, t.kind);
+            for note in self.cache.iter().filter(|n| n.target == t.label) {
+                let _ = writeln!(out, "       {} [{}]", note.policy, note.phases.join(", "));
+            }
         }
         // Per thread count and phase, a column per target.
         let _ = writeln!(out);
         let mut header = format!("{:<20} {:>7} {:>6}", "PHASE", "THREADS", "UNIT");
-        for t in &self.targets {
-            let _ = write!(header, " {:>16}", short(&t.label, 16));
+        for i in 0..self.targets.len() {
+            let _ = write!(header, " {:>10}", format!("T{}", i + 1));
         }
-        if self.targets.len() > 1 {
-            for t in self.targets.iter().skip(1) {
-                let _ = write!(header, " {:>10}", format!("x{}", short(&t.label, 9)));
-            }
+        for i in 1..self.targets.len() {
+            let _ = write!(header, " {:>8}", format!("T{}/T1", i + 1));
         }
         let _ = writeln!(out, "{header}");
         for phase in self.phases() {
@@ -267,7 +285,7 @@ impl Report {
                 let mut line = format!("{:<20} {:>7} {:>6}", phase, threads, unit.name());
                 for t in &self.targets {
                     let cell = point(&t.label).map_or("-".to_string(), |p| format_rate(p.rate));
-                    let _ = write!(line, " {cell:>16}");
+                    let _ = write!(line, " {cell:>10}");
                 }
                 for t in self.targets.iter().skip(1) {
                     let ratio = self
@@ -275,7 +293,7 @@ impl Report {
                         .iter()
                         .find(|r| r.target == t.label && r.phase == phase && r.threads == threads)
                         .map_or("-".to_string(), |r| format!("{:.2}", r.ratio));
-                    let _ = write!(line, " {ratio:>10}");
+                    let _ = write!(line, " {ratio:>8}");
                 }
                 let _ = writeln!(out, "{line}");
             }
@@ -283,14 +301,15 @@ impl Report {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:<28} {:<20} {:>6} {:>12} {:>12} {:>8}",
+            "{:<6} {:<20} {:>6} {:>12} {:>12} {:>8}",
             "TARGET", "PHASE", "UNIT", "PEAK", "SUSTAINED", "THREADS"
         );
         for row in &self.summary {
+            let index = self.targets.iter().position(|t| t.label == row.target).unwrap_or(0);
             let _ = writeln!(
                 out,
-                "{:<28} {:<20} {:>6} {:>12} {:>12} {:>8}",
-                short(&row.target, 28),
+                "{:<6} {:<20} {:>6} {:>12} {:>12} {:>8}",
+                format!("T{}", index + 1),
                 row.phase,
                 row.unit.name(),
                 format_rate(row.peak),
@@ -314,8 +333,8 @@ impl Report {
             let c = &r.result.checks;
             let _ = writeln!(
                 out,
-                "  {} threads={} run={}: {} / {} bytes, {} / {} / {} files{}",
-                self.targets[r.target].label,
+                "  T{} threads={} run={}: {} / {} bytes, {} / {} / {} files{}",
+                r.target + 1,
                 r.result.threads,
                 r.run,
                 c.bytes_written,
@@ -361,15 +380,6 @@ fn render_extra(who: &str, extra: &serde_json::Value) -> String {
     out
 }
 
-fn short(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        return text.to_string();
-    }
-    let tail: String =
-        text.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
-    format!("…{tail}")
-}
-
 /// Three significant figures, at least.
 pub fn format_rate(rate: f64) -> String {
     if rate >= 100.0 {
@@ -390,11 +400,5 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&mut []), 0.0);
-    }
-
-    #[test]
-    fn long_labels_keep_their_end() {
-        assert_eq!(short("/mnt/a/very/long/path", 8), "…ng/path");
-        assert_eq!(short("abc", 8), "abc");
     }
 }
