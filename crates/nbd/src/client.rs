@@ -10,8 +10,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 
 use crate::wire::{
     CMD_DISC, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES,
-    FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, IHAVEOPT, INFO_EXPORT, NBD_MAGIC,
-    OPT_GO, OPTION_REPLY_MAGIC, REP_ACK, REP_ERR, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_INFO,
+    FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, IHAVEOPT, INFO_EXPORT, NBD_MAGIC, OPT_GO,
+    OPTION_REPLY_MAGIC, REP_ACK, REP_ERR, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_INFO,
     REQUEST_BYTES_MAX, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRING_BYTES_MAX,
 };
 
@@ -37,8 +37,7 @@ impl NbdUri {
             Some(end) => authority[end..].contains(':'),
             None => authority.contains(':'),
         };
-        let address =
-            if has_port { authority.to_string() } else { format!("{authority}:10809") };
+        let address = if has_port { authority.to_string() } else { format!("{authority}:10809") };
         Ok(NbdUri { address, export: export.to_string() })
     }
 }

@@ -46,8 +46,8 @@
 //! The design notes are in `docs/internals/nbd.md`.
 
 mod acl;
-pub mod client;
 mod backend;
+pub mod client;
 mod export;
 mod handshake;
 mod mem_backend;

@@ -163,8 +163,10 @@ struct SharedArgs {
     /// Interleave the threads' transfers instead of giving each a contiguous segment.
     #[arg(long)]
     strided: bool,
+    /// fsync each file before closing it.
     #[arg(long)]
     fsync: bool,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
 }
@@ -204,6 +206,7 @@ struct RandomArgs {
     iodepth: usize,
     #[command(flatten)]
     duration: Timing,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
     /// Seed of the random offsets.
@@ -221,6 +224,7 @@ struct MetaArgs {
     /// Directories per thread, instead of --files.
     #[arg(long)]
     dirs_per_thread: Option<usize>,
+    /// Files per directory.
     #[arg(long, default_value_t = 1024)]
     files_per_dir: usize,
     /// Bytes written into each file and read back (0, 3K, 4K…).
@@ -229,6 +233,7 @@ struct MetaArgs {
     /// All threads work in the same directories (mdtest without -u).
     #[arg(long)]
     shared_dirs: bool,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
 }
@@ -237,10 +242,13 @@ struct MetaArgs {
 struct MixArgs {
     #[command(flatten)]
     common: CommonArgs,
+    /// Size of each thread's file.
     #[arg(long, default_value = "1G", value_parser = size)]
     file_size: u64,
+    /// Bytes per request.
     #[arg(long = "bs", default_value = "4K", value_parser = bytes)]
     block_size: usize,
+    /// Requests in flight per thread (each from its own worker with its own open file).
     #[arg(long, default_value_t = 1)]
     iodepth: usize,
     /// Read shares to measure, in percent.
@@ -248,8 +256,10 @@ struct MixArgs {
     read_percents: Vec<u32>,
     #[command(flatten)]
     duration: Timing,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
+    /// Seed of the random offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -258,14 +268,18 @@ struct MixArgs {
 struct CornersArgs {
     #[command(flatten)]
     common: CommonArgs,
+    /// Size of each thread's file.
     #[arg(long, default_value = "1G", value_parser = size)]
     file_size: u64,
+    /// Requests in flight per thread (each from its own worker with its own open file).
     #[arg(long, default_value_t = 1)]
     iodepth: usize,
     #[command(flatten)]
     duration: Timing,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
+    /// Seed of the random offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -287,6 +301,7 @@ struct FramesArgs {
     /// Bytes per request within a frame.
     #[arg(long, default_value = "8M", value_parser = bytes)]
     transfer: usize,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
 }
@@ -307,6 +322,7 @@ struct Io500Args {
     /// mdtest-hard files per thread.
     #[arg(long, default_value_t = 1000)]
     hard_files: usize,
+    /// Check every byte read against what was written.
     #[arg(long)]
     verify: bool,
 }
