@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, ObjectId, TargetId};
 use stria_proto::wire::{
-    Attr, Caller, DirEntry, FileKind, MetaReply, MetaRequest, Released, RenameFlags, SetAttr,
-    StatFs, TargetInfo, XattrSetMode,
+    Attr, Caller, DirEntry, DriveField, FileKind, MetaReply, MetaRequest, Released, RenameFlags,
+    SetAttr, StatFs, TargetAddSpare, TargetInfo, TargetReplaceDrive, XattrSetMode, storage_method,
 };
 use tokio::runtime::Handle;
 
@@ -61,6 +61,23 @@ impl ClientConfig {
 }
 
 pub type FsResult<T> = Result<T, FsStatus>;
+
+/// A refused drive change: the status, the storage service's explanation and the request
+/// field at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DriveChangeError {
+    pub status: FsStatus,
+    pub message: String,
+    pub field: Option<DriveField>,
+}
+
+impl DriveChangeError {
+    /// An error with no explanation from the service (it did not answer, or sent none).
+    pub(crate) fn bare(status: FsStatus) -> DriveChangeError {
+        DriveChangeError { status, message: status.to_string(), field: None }
+    }
+}
 
 /// A connection to one Stria file system. Cheap to clone; every clone shares connections and
 /// open-file state.
@@ -433,6 +450,41 @@ impl Client {
     pub fn fail_drive(&self, target: TargetId, slot: u32) -> FsResult<TargetInfo> {
         let request = stria_proto::wire::TargetFailDrive { target, slot };
         self.block(self.inner.storage.fail_drive(request))
+    }
+
+    /// Puts the drive at `path` into failed `slot` of `target` (administrative); the rebuild
+    /// runs in the background. `path` is absolute, or a bare file name meaning the node's drive
+    /// directory; with `create_bytes` a sparse drive file of that size is created there first
+    /// (it must not exist). Shared by the CLI and the REST API.
+    pub fn replace_drive(
+        &self,
+        target: TargetId,
+        slot: u32,
+        path: &str,
+        create_bytes: Option<u64>,
+    ) -> Result<TargetInfo, DriveChangeError> {
+        let request = TargetReplaceDrive { target, slot, path: path.to_string(), create_bytes };
+        self.block(self.inner.storage.change_drive(
+            target,
+            storage_method::TARGET_REPLACE_DRIVE,
+            &request,
+        ))
+    }
+
+    /// Labels the drive at `path` as a hot spare of `target` (administrative); paths as for
+    /// [`Client::replace_drive`]. A slot that is out already takes the spare at once.
+    pub fn add_spare(
+        &self,
+        target: TargetId,
+        path: &str,
+        create_bytes: Option<u64>,
+    ) -> Result<TargetInfo, DriveChangeError> {
+        let request = TargetAddSpare { target, path: path.to_string(), create_bytes };
+        self.block(self.inner.storage.change_drive(
+            target,
+            storage_method::TARGET_ADD_SPARE,
+            &request,
+        ))
     }
 
     /// Gives an empty regular file the layout `policy` describes.

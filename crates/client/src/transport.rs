@@ -10,13 +10,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
-    ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, MetaReply,
-    MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive, TargetInfo,
-    TargetSync, meta_method, storage_method,
+    ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
+    MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive,
+    TargetInfo, TargetSync, meta_method, storage_method,
 };
 use tokio::sync::OnceCell;
 
-use crate::FsResult;
+use crate::{DriveChangeError, FsResult};
 
 /// One service address with a lazily opened, pipelined connection.
 #[derive(Debug)]
@@ -32,6 +32,18 @@ impl Conn {
     }
 
     async fn call(&self, method: u16, message: Bytes, data: Bytes) -> FsResult<(Bytes, Bytes)> {
+        let reply = self.call_raw(method, message, data).await?;
+        status_to_result(reply.status)?;
+        Ok((reply.message, reply.data))
+    }
+
+    /// The reply whatever its status: refusals that explain themselves keep their message.
+    async fn call_raw(
+        &self,
+        method: u16,
+        message: Bytes,
+        data: Bytes,
+    ) -> FsResult<stria_rpc::Reply> {
         let client = self
             .client
             .get_or_try_init(|| async {
@@ -41,12 +53,10 @@ impl Conn {
                 })
             })
             .await?;
-        let reply = client.call(method, message, data, self.timeout).await.map_err(|error| {
+        client.call(method, message, data, self.timeout).await.map_err(|error| {
             tracing::warn!(addr = %self.addr, method, %error, "request failed");
             FsStatus::Io
-        })?;
-        status_to_result(reply.status)?;
-        Ok((reply.message, reply.data))
+        })
     }
 
     async fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
@@ -185,6 +195,34 @@ impl StorageConns {
         let (info, _) =
             conn.call_typed(storage_method::TARGET_FAIL_DRIVE, &request, Bytes::new()).await?;
         Ok(info)
+    }
+
+    /// A drive change (replace, add spare): the target after it, or the service's refusal
+    /// with its explanation.
+    pub async fn change_drive<Req: Serialize>(
+        &self,
+        target: TargetId,
+        method: u16,
+        request: &Req,
+    ) -> Result<TargetInfo, DriveChangeError> {
+        let conn = self.conn(target).map_err(DriveChangeError::bare)?;
+        let message =
+            postcard::to_stdvec(request).map_err(|_| DriveChangeError::bare(FsStatus::Invalid))?;
+        let reply = conn
+            .call_raw(method, Bytes::from(message), Bytes::new())
+            .await
+            .map_err(DriveChangeError::bare)?;
+        if let Err(status) = status_to_result(reply.status) {
+            let refused: Option<DriveChangeRefused> = postcard::from_bytes(&reply.message).ok();
+            return Err(match refused {
+                Some(r) => DriveChangeError { status, message: r.message, field: r.field },
+                None => DriveChangeError::bare(status),
+            });
+        }
+        postcard::from_bytes(&reply.message).map_err(|error| {
+            tracing::error!(addr = %conn.addr, method, %error, "undecodable reply");
+            DriveChangeError::bare(FsStatus::Io)
+        })
     }
 
     pub async fn list_targets(&self) -> FsResult<Vec<TargetInfo>> {

@@ -83,8 +83,12 @@ impl ApiState {
         }
     }
 
-    fn view(&self) -> &Arc<dyn NodeView> {
+    pub(crate) fn view(&self) -> &Arc<dyn NodeView> {
         self.monitor.view()
+    }
+
+    pub(crate) fn monitor(&self) -> &Monitor {
+        &self.monitor
     }
 }
 
@@ -139,6 +143,7 @@ fn parts() -> (OpenApiRouter<ApiState>, OpenApiRouter<ApiState>) {
         .routes(routes!(list_targets))
         .routes(routes!(get_target))
         .routes(routes!(set_rebuild_rate))
+        .merge(crate::api_drives::routes())
         .routes(routes!(start_scrub, stop_scrub))
         .routes(routes!(list_pools))
         .routes(routes!(list_filesystems))
@@ -299,13 +304,13 @@ fn worst(targets: &[TargetStatus]) -> TargetState {
     targets.iter().map(|t| t.state).min().unwrap_or(TargetState::Optimal)
 }
 
-fn parse_target(id: &str) -> Result<TargetId, ApiError> {
+pub(crate) fn parse_target(id: &str) -> Result<TargetId, ApiError> {
     id.parse::<u32>()
         .map(TargetId)
         .map_err(|_| ApiError::invalid("id", format!("target id '{id}' is not a number")))
 }
 
-fn find_target(view: &dyn NodeView, id: TargetId) -> Result<TargetStatus, ApiError> {
+pub(crate) fn find_target(view: &dyn NodeView, id: TargetId) -> Result<TargetStatus, ApiError> {
     view.targets()
         .into_iter()
         .find(|t| t.id == id)
@@ -399,8 +404,8 @@ async fn get_drive(
 }
 
 /// Takes a drive out of service, as `stria target fail-drive` does; a hot spare, if any, starts
-/// rebuilding in its place. Refused (409) when the array would lose data or the drive is out
-/// already.
+/// rebuilding in its place (the failed drive is then no longer listed among the target's
+/// drives). Refused (409) when the array would lose data or the drive is out already.
 #[utoipa::path(post, path = "/api/v1/drives/{id}/fail", tag = "hardware",
     params(("id" = String, Path, description = "The drive's id (uuid)")),
     responses((status = 200, description = "The drive after the change", body = DriveStatus),
@@ -420,7 +425,12 @@ async fn fail_drive(
         };
         state.mgmt.fail_drive(drive.target, slot)?;
         state.monitor.observe_now();
-        find_drive(state.view().as_ref(), &id).map(Json)
+        // A hot spare that took the slot at once leaves the failed drive unlisted: the reply
+        // is then its last view, failed.
+        Ok(Json(
+            find_drive(state.view().as_ref(), &id)
+                .unwrap_or(DriveStatus { state: "failed".into(), ..drive }),
+        ))
     })
     .await
 }

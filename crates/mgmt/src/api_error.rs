@@ -90,6 +90,16 @@ impl From<MgmtError> for ApiError {
     }
 }
 
+impl From<crate::service::DriveChangeRefusal> for ApiError {
+    fn from(r: crate::service::DriveChangeRefusal) -> ApiError {
+        let error = ApiError::from(r.error);
+        match r.field {
+            Some(field) => error.with_field(field),
+            None => error,
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {

@@ -221,6 +221,20 @@ pub struct RebuildRate {
     pub rate_bytes_per_s: u64,
 }
 
+/// A drive for a target: to replace a failed slot's drive, or to be a hot spare.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewDrive {
+    /// An absolute path (a drive file or a block device), or a bare file name, which means
+    /// `DATA/drives/NAME` on the node. Refused: other relative paths, paths with `..`, files
+    /// of the node's data directory outside `DATA/drives/`, drives of any target already.
+    pub path: String,
+    /// Create the drive file first, sparse, of this many bytes (it must not exist yet); at
+    /// least what the target's drives hold. Absent: the path must exist.
+    #[serde(default)]
+    pub create_bytes: Option<u64>,
+}
+
 #[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartScrub {

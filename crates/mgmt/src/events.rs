@@ -46,6 +46,8 @@ pub enum EventKind {
     ScrubStarted,
     ScrubFinished,
     ScrubFoundErrors,
+    DriveReplaced,
+    SpareAdded,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]

@@ -24,6 +24,7 @@
 pub mod api;
 mod api_analytics;
 pub mod api_auth;
+mod api_drives;
 pub mod api_error;
 pub mod api_types;
 mod api_volumes;
@@ -41,4 +42,6 @@ pub use events::{Event, EventKind, EventLog, Severity};
 pub use monitor::Monitor;
 pub use node_view::NodeView;
 pub use registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
-pub use service::{ExportStats, Gateway, GatewayClient, Mgmt, MgmtRpc, PoolResolver};
+pub use service::{
+    DriveChangeRefusal, ExportStats, Gateway, GatewayClient, Mgmt, MgmtRpc, PoolResolver,
+};

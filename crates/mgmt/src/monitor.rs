@@ -327,7 +327,8 @@ impl Series {
 #[derive(Debug, Default)]
 struct Seen {
     started: bool,
-    drives: HashMap<String, (TargetId, Option<u32>, String)>,
+    /// Per drive id: target, slot, state and device at the last sample.
+    drives: HashMap<String, (TargetId, Option<u32>, String, String)>,
     targets: HashMap<TargetId, (TargetState, bool, u64)>,
     refusals: HashMap<String, u64>,
 }
@@ -501,14 +502,14 @@ impl Monitor {
             }
             for d in &t.drives {
                 let subject = format!("drive/{}", d.id);
-                let now = (t.id, d.slot, d.state.clone());
+                let now = (t.id, d.slot, d.state.clone(), d.device.clone());
                 let before = seen.drives.insert(d.id.clone(), now);
                 let where_ = match d.slot {
                     Some(slot) => format!("target {} slot {slot}", t.id),
                     None => format!("target {} (spare)", t.id),
                 };
                 match before {
-                    Some((_, _, state)) if state != d.state => {
+                    Some((_, _, state, _)) if state != d.state => {
                         let kind = if d.state == "failed" {
                             EventKind::DriveFailed
                         } else {
@@ -547,6 +548,39 @@ impl Monitor {
                     }
                     _ => {}
                 }
+            }
+        }
+        // A drive no target lists any more left its array: a hot spare took its slot the
+        // moment it failed (so no sample saw it failed), or a replacement took the place of the
+        // failed drive.
+        let listed: std::collections::HashSet<&str> =
+            targets.iter().flat_map(|t| t.drives.iter().map(|d| d.id.as_str())).collect();
+        let gone: Vec<String> =
+            seen.drives.keys().filter(|id| !listed.contains(id.as_str())).cloned().collect();
+        for id in gone {
+            let Some((target, slot, state, device)) = seen.drives.remove(&id) else { continue };
+            let where_ = match slot {
+                Some(slot) => format!("target {} slot {slot}", target.0),
+                None => format!("target {} (spare)", target.0),
+            };
+            let subject = format!("drive/{id}");
+            if matches!(state.as_str(), "failed" | "missing" | "empty") {
+                events.record(
+                    EventKind::DriveStateChanged,
+                    Severity::Info,
+                    subject,
+                    format!("drive {device} ({state}) left {where_}: another drive took its place"),
+                );
+            } else {
+                events.record(
+                    EventKind::DriveFailed,
+                    Severity::Error,
+                    subject,
+                    format!(
+                        "drive {device} in {where_} went from {state} to failed and left the \
+                         array: a hot spare took its place"
+                    ),
+                );
             }
         }
         for (export, count) in refusals {

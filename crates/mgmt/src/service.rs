@@ -4,7 +4,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use stria_client::Client;
+use stria_client::{Client, DriveChangeError};
 use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FileLayout, FsStatus, ObjectId, TargetId};
 use stria_proto::mgmt::{
     ACL_RULES_MAX, AclRuleInfo, ExportInfo, MgmtError, MgmtReply, MgmtRequest, MgmtResult,
@@ -12,6 +12,7 @@ use stria_proto::mgmt::{
     mgmt_method,
 };
 use stria_proto::net::IpNet;
+use stria_proto::wire::DriveField;
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
 use crate::events::{EventKind, EventLog, Severity};
@@ -84,6 +85,35 @@ pub(crate) fn parse_rule(net: &str, tls_identity: Option<String>) -> Result<AclR
         return Err(invalid(format!("TLS identity '{id}' must be 1 to 255 printable characters")));
     }
     Ok(AclRule { net: net.to_string(), tls_identity })
+}
+
+/// A refused drive change: the error and the request field at fault (`id`, `slot`, `path`,
+/// `create_bytes`), if the storage service named one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriveChangeRefusal {
+    pub error: MgmtError,
+    pub field: Option<&'static str>,
+}
+
+impl From<DriveChangeError> for DriveChangeRefusal {
+    fn from(e: DriveChangeError) -> DriveChangeRefusal {
+        let status = match e.status {
+            FsStatus::Stale => MgmtStatus::NotFound,
+            // A path that does not exist is a bad value in the request, not a missing resource.
+            FsStatus::Invalid | FsStatus::NotFound | FsStatus::NameTooLong => MgmtStatus::Invalid,
+            FsStatus::Exists => MgmtStatus::Exists,
+            FsStatus::Busy => MgmtStatus::Conflict,
+            FsStatus::NoSpace => MgmtStatus::NoSpace,
+            _ => MgmtStatus::Internal,
+        };
+        let field = e.field.map(|f| match f {
+            DriveField::Target => "id",
+            DriveField::Slot => "slot",
+            DriveField::Path => "path",
+            DriveField::CreateBytes => "create_bytes",
+        });
+        DriveChangeRefusal { error: MgmtError::new(status, e.message), field }
+    }
 }
 
 /// The management service. Cheap to clone.
@@ -161,6 +191,45 @@ impl Mgmt {
             )),
             Err(status) => Err(fs_error("failing the drive", status)),
         }
+    }
+
+    /// Puts the drive at `path` into failed `slot` of `target` through the storage service, as
+    /// `stria target replace-drive` does; the rebuild runs in the background. Blocking.
+    pub fn replace_drive(
+        &self,
+        target: TargetId,
+        slot: u32,
+        path: &str,
+        create_bytes: Option<u64>,
+    ) -> Result<(), DriveChangeRefusal> {
+        self.client
+            .replace_drive(target, slot, path, create_bytes)
+            .map_err(DriveChangeRefusal::from)?;
+        self.events.record(
+            EventKind::DriveReplaced,
+            Severity::Info,
+            format!("target/{}", target.0),
+            format!("{path} replaces the drive in slot {slot} of target {}; rebuilding", target.0),
+        );
+        Ok(())
+    }
+
+    /// Labels the drive at `path` as a hot spare of `target`, as `stria target add-spare`
+    /// does. Blocking.
+    pub fn add_spare(
+        &self,
+        target: TargetId,
+        path: &str,
+        create_bytes: Option<u64>,
+    ) -> Result<(), DriveChangeRefusal> {
+        self.client.add_spare(target, path, create_bytes).map_err(DriveChangeRefusal::from)?;
+        self.events.record(
+            EventKind::SpareAdded,
+            Severity::Info,
+            format!("target/{}", target.0),
+            format!("{path} is a hot spare of target {}", target.0),
+        );
+        Ok(())
     }
 
     /// Connects the gateway and gives it the current exports.

@@ -30,6 +30,11 @@ pub mod storage_method {
     pub const CHUNK_MAP: u16 = 2008;
     /// How many chunks and bytes one object holds on a target (volume allocated size).
     pub const OBJECT_SPACE: u16 = 2009;
+    /// Administrative: put a new drive (or the slot's own drive, returning) into a failed slot
+    /// of a running target and start its rebuild in the background.
+    pub const TARGET_REPLACE_DRIVE: u16 = 2010;
+    /// Administrative: label a drive as a hot spare of a running target.
+    pub const TARGET_ADD_SPARE: u16 = 2011;
 }
 
 /// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
@@ -602,6 +607,90 @@ pub struct TargetFailDrive {
     pub slot: u32,
 }
 
+/// Puts `path` into failed `slot` of `target`; the rebuild runs in the background. The reply is
+/// the target's [`TargetInfo`]; a refusal carries a [`DriveChangeRefused`] in its message part.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TargetReplaceDrive {
+    pub target: TargetId,
+    pub slot: u32,
+    /// See [`check_drive_path`].
+    pub path: String,
+    /// Create the drive file first, sparse, of this many bytes (it must not exist yet);
+    /// `None`: the path must exist (a drive file or a block device).
+    pub create_bytes: Option<u64>,
+}
+
+/// Labels `path` as a hot spare of `target`; if a slot is out already, the spare takes it at
+/// once and rebuilds in the background. Reply and refusal as for [`TargetReplaceDrive`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TargetAddSpare {
+    pub target: TargetId,
+    /// See [`check_drive_path`].
+    pub path: String,
+    pub create_bytes: Option<u64>,
+}
+
+/// The request field a refused drive change is about.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum DriveField {
+    Target,
+    Slot,
+    Path,
+    CreateBytes,
+}
+
+/// The message part of a refused [`TargetReplaceDrive`] or [`TargetAddSpare`] (the RPC status
+/// is the [`FsStatus`]): one sentence for the operator, and the field at fault.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct DriveChangeRefused {
+    pub message: String,
+    pub field: Option<DriveField>,
+}
+
+/// Longest drive path a drive change accepts (Linux's PATH_MAX).
+pub const DRIVE_PATH_BYTES_MAX: usize = 4096;
+/// Largest drive file a drive change creates (1 PiB; the file is sparse, but a size past what
+/// the file system allows is refused there).
+pub const DRIVE_CREATE_BYTES_MAX: u64 = 1 << 50;
+
+/// Where a drive named in a drive change is, before any file is looked at.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DrivePath<'a> {
+    /// An absolute path, used as it is.
+    Absolute(&'a str),
+    /// A bare file name: the file of that name in the node's drive directory (`DATA/drives/`
+    /// under `stria up`).
+    InDriveDir(&'a str),
+}
+
+/// Checks the path of a drive change: absolute without `..` components, or a bare file name
+/// (no `/`, not `.` or `..`) meaning the node's drive directory. Pure: the storage service,
+/// the REST API and the CLI all call it, so they refuse the same paths with the same words.
+pub fn check_drive_path(path: &str) -> Result<DrivePath<'_>, String> {
+    if path.is_empty() {
+        return Err("the drive path is empty: give an absolute path or a bare file name".into());
+    }
+    if path.len() > DRIVE_PATH_BYTES_MAX {
+        return Err(format!("the drive path is longer than {DRIVE_PATH_BYTES_MAX} bytes"));
+    }
+    if path.contains('\0') {
+        return Err("the drive path contains a NUL byte".into());
+    }
+    if let Some(rest) = path.strip_prefix('/') {
+        if rest.split('/').any(|c| c == "..") {
+            return Err(format!("drive path '{path}' must not contain '..' components"));
+        }
+        return Ok(DrivePath::Absolute(path));
+    }
+    if path.contains('/') || path == "." || path == ".." {
+        return Err(format!(
+            "drive path '{path}' is relative: give an absolute path, or a bare file name (it then \
+             means the node's drive directory, DATA/drives/NAME)"
+        ));
+    }
+    Ok(DrivePath::InDriveDir(path))
+}
+
 /// One target's state as the storage service reports it.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct TargetInfo {
@@ -617,6 +706,20 @@ pub struct TargetInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drive_paths_are_absolute_or_bare_names() {
+        assert_eq!(check_drive_path("/dev/nvme1n1"), Ok(DrivePath::Absolute("/dev/nvme1n1")));
+        assert_eq!(check_drive_path("/a/./b.img"), Ok(DrivePath::Absolute("/a/./b.img")));
+        assert_eq!(check_drive_path("new.img"), Ok(DrivePath::InDriveDir("new.img")));
+        for bad in
+            ["", ".", "..", "drives/x.img", "./x.img", "../x.img", "/a/../etc/passwd", "a\0b"]
+        {
+            assert!(check_drive_path(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert!(check_drive_path(&format!("/{}", "a".repeat(DRIVE_PATH_BYTES_MAX))).is_err());
+        assert!(check_drive_path("..").expect_err("refused").contains("relative"));
+    }
 
     #[test]
     fn fs_status_codes_round_trip() {

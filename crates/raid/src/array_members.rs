@@ -250,6 +250,12 @@ impl Array {
         Ok(())
     }
 
+    /// The drive attached to `slot`, if any. A failed drive stays attached (and open) until
+    /// the slot is replaced, so re-adding it means handing this device back to [`Array::replace`].
+    pub fn member_device(&self, slot: usize) -> Option<Arc<dyn BlockDevice>> {
+        self.members().get(slot)?.dev.clone()
+    }
+
     /// Puts `dev` into `slot` as a rebuilding member and starts the rebuild. If `dev` is the
     /// slot's own drive returning unchanged since it left, only the bitmap's regions are resynced.
     pub fn replace(&self, slot: usize, dev: Arc<dyn BlockDevice>) -> Result<(), RaidError> {

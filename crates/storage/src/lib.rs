@@ -7,6 +7,9 @@
 //! Each target counts the chunk reads and writes it serves, with their latency inside the
 //! service ([`TargetIoStats`]): what clients asked for, before RAID adds parity and mirror
 //! writes (the drives count those). The management role turns them into metrics and charts.
+//!
+//! Drive changes on a live target (replace a failed drive, add a hot spare) are served here
+//! too, and reported to the node's record through a [`MembershipRecorder`] (`drive_admin`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -23,10 +26,14 @@ use stria_io::LatencyHistogram;
 use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
-    ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive, TargetInfo, TargetSync,
-    storage_method,
+    ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetAddSpare, TargetFailDrive, TargetInfo,
+    TargetReplaceDrive, TargetSync, storage_method,
 };
 use stria_raid::Array;
+
+mod drive_admin;
+
+pub use drive_admin::{DriveAdmin, Membership, MembershipRecorder, membership};
 
 /// Chunk requests one target served since the node started. Lock-free: a few relaxed adds per
 /// request.
@@ -93,15 +100,31 @@ impl Target {
 pub struct StorageService {
     targets: Arc<BTreeMap<TargetId, Arc<Target>>>,
     io: Arc<BTreeMap<TargetId, Arc<TargetIoStats>>>,
+    /// Drive changes are served only with a record to keep them in.
+    admin: Option<Arc<drive_admin::Admin>>,
 }
 
-type Handled = Result<(Vec<u8>, Bytes), u16>;
+/// A refused request: its RPC status and the reply's message part (empty, except for drive
+/// changes, which explain themselves with a `DriveChangeRefused`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub message: Vec<u8>,
+}
+
+impl From<u16> for Refusal {
+    fn from(status: u16) -> Refusal {
+        Refusal { status, message: Vec::new() }
+    }
+}
+
+type Handled = Result<(Vec<u8>, Bytes), Refusal>;
 
 impl StorageService {
     pub fn new(targets: Vec<Target>) -> StorageService {
         let io = targets.iter().map(|t| (t.id, Arc::default())).collect();
         let targets = targets.into_iter().map(|t| (t.id, Arc::new(t))).collect();
-        StorageService { targets: Arc::new(targets), io: Arc::new(io) }
+        StorageService { targets: Arc::new(targets), io: Arc::new(io), admin: None }
     }
 
     pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
@@ -141,7 +164,7 @@ impl StorageService {
             let work = move || service.handle_blocking(method, &message, data);
             match tokio::task::spawn_blocking(work).await {
                 Ok(result) => result,
-                Err(_) => Err(FsStatus::Io.rpc_code()),
+                Err(_) => Err(FsStatus::Io.rpc_code().into()),
             }
         })
     }
@@ -204,9 +227,21 @@ impl StorageService {
                 let target = self.target(f.target).map_err(FsStatus::rpc_code)?;
                 if let Err(error) = target.array.fail_drive(f.slot as usize) {
                     tracing::warn!(target = %f.target, slot = f.slot, %error, "refused to fail a drive");
-                    return Err(FsStatus::Busy.rpc_code());
+                    return Err(FsStatus::Busy.rpc_code().into());
                 }
                 tracing::warn!(target = %f.target, slot = f.slot, "drive failed by operator request");
+                // A hot spare may have taken the slot: the record follows.
+                self.record_after_fail(&target);
+                Ok((encode(&target.info())?, Bytes::new()))
+            }
+            storage_method::TARGET_REPLACE_DRIVE => {
+                let r: TargetReplaceDrive = decode(message)?;
+                let target = self.serve_replace(&r)?;
+                Ok((encode(&target.info())?, Bytes::new()))
+            }
+            storage_method::TARGET_ADD_SPARE => {
+                let a: TargetAddSpare = decode(message)?;
+                let target = self.serve_add_spare(&a)?;
                 Ok((encode(&target.info())?, Bytes::new()))
             }
             storage_method::CHUNK_PUNCH => {
@@ -214,7 +249,7 @@ impl StorageService {
                 if p.offset as u64 + p.len as u64 > CHUNK_BYTES_MAX as u64 {
                     tracing::debug!(chunk = %p.chunk, offset = p.offset, len = p.len,
                         "punch past the chunk limit refused");
-                    return Err(FsStatus::Invalid.rpc_code());
+                    return Err(FsStatus::Invalid.rpc_code().into());
                 }
                 let target = self.target(p.target).map_err(FsStatus::rpc_code)?;
                 target.engine.discard(p.chunk, p.offset, p.len).map_err(status_of)?;
@@ -244,7 +279,7 @@ impl StorageService {
                 let infos: Vec<TargetInfo> = self.targets.values().map(|t| t.info()).collect();
                 Ok((encode(&infos)?, Bytes::new()))
             }
-            _ => Err(stria_rpc::status::UNKNOWN_METHOD),
+            _ => Err(stria_rpc::status::UNKNOWN_METHOD.into()),
         }
     }
 }
@@ -280,7 +315,11 @@ impl stria_rpc::Service for StorageRpc {
         Box::pin(async move {
             match work.await {
                 Ok((message, data)) => stria_rpc::Response::ok(Bytes::from(message), data),
-                Err(status) => stria_rpc::Response::with_status(status, Bytes::new(), Bytes::new()),
+                Err(refusal) => stria_rpc::Response::with_status(
+                    refusal.status,
+                    Bytes::from(refusal.message),
+                    Bytes::new(),
+                ),
             }
         })
     }

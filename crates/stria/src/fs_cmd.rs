@@ -1,11 +1,12 @@
-//! Commands that talk to a running node: `df`, `getstripe`, `setstripe`, `target`.
+//! Commands that talk to a running node: `df`, `getstripe`, `setstripe`, `target` (fail,
+//! replace a drive, add a spare).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use stria_client::{Client, ClientConfig};
+use stria_client::{Client, ClientConfig, DriveChangeError};
 use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FsStatus, LayoutPolicy, TargetId};
 use stria_proto::wire::{Caller, FileKind};
 
@@ -212,6 +213,83 @@ pub fn setstripe(args: SetStripeArgs) -> Result<()> {
 pub enum TargetCommand {
     /// Mark one drive of a running target failed: the target goes degraded and keeps serving.
     FailDrive(FailDriveArgs),
+    /// Put a new drive (or the slot's own drive, returning) into a failed slot of a running
+    /// target: it rebuilds in the background while the target keeps serving, and the node
+    /// records it in DATA/node.json so a restart assembles it.
+    ReplaceDrive(ReplaceDriveArgs),
+    /// Label a drive as a hot spare of a running target: it takes the place of the next drive
+    /// that fails (at once, if a slot is out already). Recorded in DATA/node.json.
+    AddSpare(AddSpareArgs),
+}
+
+/// How to name the drive for `replace-drive` and `add-spare`.
+const DRIVE_PATH_HELP: &str = "An absolute path (a drive file or a block device), a bare file \
+    name (meaning DATA/drives/NAME on the node), or a relative path with a directory part \
+    (./new.img, taken from the current directory)";
+
+#[derive(Args, Debug)]
+pub struct ReplaceDriveArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The target (as `stria df` lists it, without the `t`).
+    #[arg(long)]
+    pub target: u32,
+    /// The failed slot to fill (0-based).
+    #[arg(long)]
+    pub slot: u32,
+    /// The new drive.
+    #[arg(long = "with", value_name = "PATH", long_help = DRIVE_PATH_HELP)]
+    pub with: PathBuf,
+    /// Create the drive file first, sparse, of this size (e.g. 8G); it must not exist yet.
+    /// Without it the drive must exist.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct AddSpareArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The target (as `stria df` lists it, without the `t`).
+    #[arg(long)]
+    pub target: u32,
+    /// The drive to label as a hot spare.
+    #[arg(value_name = "PATH", long_help = DRIVE_PATH_HELP)]
+    pub path: PathBuf,
+    /// Create the drive file first, sparse, of this size (e.g. 8G); it must not exist yet.
+    /// Without it the drive must exist.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub size: Option<u64>,
+}
+
+/// The drive path to send to the node: absolute paths and bare file names as they are (the
+/// node puts bare names in DATA/drives), other relative paths made absolute here.
+fn drive_path(path: &Path) -> Result<String> {
+    let bare = path.components().count() == 1
+        && matches!(path.components().next(), Some(std::path::Component::Normal(_)));
+    let path = if path.is_absolute() || bare {
+        path.to_path_buf()
+    } else {
+        let absolute =
+            std::env::current_dir().context("cannot read the current directory")?.join(path);
+        // The parent is resolved so `../x.img` names a real place (the node refuses `..`).
+        match (absolute.parent().map(Path::canonicalize), absolute.file_name()) {
+            (Some(Ok(parent)), Some(name)) => parent.join(name),
+            _ => absolute,
+        }
+    };
+    path.to_str().map(str::to_string).ok_or_else(|| {
+        usage(format!("{} is not valid UTF-8: give a drive path in UTF-8", path.display()))
+    })
+}
+
+/// A refused drive change as a CLI error: bad arguments are usage errors (exit 2).
+fn drive_change_error(e: DriveChangeError, target: u32) -> anyhow::Error {
+    match e.status {
+        FsStatus::Stale => usage(format!("no target {target} on this node (see `stria df`)")),
+        FsStatus::Invalid | FsStatus::NotFound | FsStatus::Exists => usage(e.message),
+        _ => anyhow::anyhow!("refused: {}", e.message),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -244,6 +322,33 @@ pub fn target(command: TargetCommand) -> Result<()> {
             println!(
                 "target {} slot {} failed; target is now {}",
                 info.target, args.slot, info.state
+            );
+            Ok(())
+        }
+        TargetCommand::ReplaceDrive(args) => {
+            let path = drive_path(&args.with)?;
+            let node = NodeClient::connect(&args.node)?;
+            let info = node
+                .client
+                .replace_drive(TargetId(args.target), args.slot, &path, args.size)
+                .map_err(|e| drive_change_error(e, args.target))?;
+            println!(
+                "target {} slot {}: {path} is in and rebuilds in the background; target is now {}",
+                args.target, args.slot, info.state
+            );
+            println!("  follow it with `stria df --data {}`", args.node.data.display());
+            Ok(())
+        }
+        TargetCommand::AddSpare(args) => {
+            let path = drive_path(&args.path)?;
+            let node = NodeClient::connect(&args.node)?;
+            let info = node
+                .client
+                .add_spare(TargetId(args.target), &path, args.size)
+                .map_err(|e| drive_change_error(e, args.target))?;
+            println!(
+                "{path} is a hot spare of target {}; target is now {}",
+                args.target, info.state
             );
             Ok(())
         }

@@ -6,8 +6,10 @@
 //!
 //! Data directory:
 //! ```text
-//! DATA/node.json              what the node is made of (targets, levels, drive files)
+//! DATA/node.json              what the node is made of (targets, levels, drive files, spares)
 //! DATA/drives/tT-dI.img       drive I of target T (sparse files)
+//! DATA/drives/NAME            drives added while running (`stria target replace-drive`,
+//!                             `add-spare` or the API with a bare file name)
 //! DATA/targets/T/             target T's chunk map
 //! DATA/meta/namespace.redb    the namespace
 //! DATA/mgmt/registry.redb     volumes, exports, initiator access lists
@@ -30,7 +32,7 @@ use stria_engine::Engine;
 use stria_io::file::{DriveOptions, create_drive_file};
 use stria_proto::fs::{LayoutPolicy, TargetId};
 use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-use stria_storage::{StorageService, Target};
+use stria_storage::{DriveAdmin, StorageService, Target};
 
 use crate::units::{format_bytes, parse_size};
 use crate::{interrupt, raid_cmd, usage};
@@ -124,8 +126,12 @@ pub struct TargetRecord {
     pub id: u32,
     pub pool: String,
     pub level: String,
-    /// Drive files, relative to the data directory.
+    /// The array's drives in slot order: paths relative to the data directory (drive files
+    /// under it) or absolute (drives elsewhere, block devices).
     pub drives: Vec<PathBuf>,
+    /// Hot spares, written the same way (absent in records of older nodes).
+    #[serde(default)]
+    pub spares: Vec<PathBuf>,
 }
 
 /// `DATA/run.json`: where a running node listens, for the other commands.
@@ -164,6 +170,92 @@ impl NodeRecord {
         }
         Ok(node)
     }
+
+    /// Writes `DATA/node.json` atomically: a whole new file, synced, renamed over the old one,
+    /// and the directory synced, so a crash leaves the old record or the new one.
+    pub fn save(&self, data: &Path) -> Result<()> {
+        use std::io::Write;
+        let tmp = data.join("node.json.tmp");
+        let mut file = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        file.write_all(&serde_json::to_vec_pretty(self)?)?;
+        file.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+        drop(file);
+        std::fs::rename(&tmp, data.join("node.json"))
+            .with_context(|| format!("cannot rename {} to node.json", tmp.display()))?;
+        std::fs::File::open(data)
+            .and_then(|dir| dir.sync_all())
+            .with_context(|| format!("cannot sync {}", data.display()))?;
+        Ok(())
+    }
+}
+
+/// How a drive path is written in the record: relative to the data directory when it is
+/// under it, absolute otherwise.
+fn record_path(data: &Path, path: &Path) -> PathBuf {
+    path.strip_prefix(data).map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
+}
+
+/// The record of a target after a drive change: `members` (by slot) and `spares` as the
+/// storage service reports them. A slot with no drive attached (its drive was missing at
+/// assembly) keeps the path the record had for it, so the drive is found again if it comes
+/// back.
+fn updated_drives(
+    data: &Path,
+    old: &TargetRecord,
+    membership: &stria_storage::Membership,
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut drives: Vec<PathBuf> = Vec::new();
+    for (slot, member) in membership.members.iter().enumerate() {
+        let path = match member {
+            Some(path) => record_path(data, path),
+            None => match old.drives.get(slot) {
+                Some(path) => path.clone(),
+                None => continue,
+            },
+        };
+        if !drives.contains(&path) {
+            drives.push(path);
+        }
+    }
+    let mut spares: Vec<PathBuf> = Vec::new();
+    for path in membership.spares.iter().map(|p| record_path(data, p)) {
+        if !drives.contains(&path) && !spares.contains(&path) {
+            spares.push(path);
+        }
+    }
+    (drives, spares)
+}
+
+/// Keeps `DATA/node.json` in step with the drive changes the storage service makes while the
+/// node runs (a replaced drive, a new spare, a spare that took a failed slot), so the next
+/// start assembles the same arrays.
+#[derive(Debug)]
+struct NodeFileRecorder {
+    data: PathBuf,
+}
+
+impl stria_storage::MembershipRecorder for NodeFileRecorder {
+    fn record(
+        &self,
+        target: TargetId,
+        membership: &stria_storage::Membership,
+    ) -> std::result::Result<(), String> {
+        let mut node = NodeRecord::load(&self.data).map_err(|e| format!("{e:#}"))?;
+        let record = node
+            .targets
+            .iter_mut()
+            .find(|t| t.id == target.0)
+            .ok_or_else(|| format!("node.json has no target {target}"))?;
+        let (drives, spares) = updated_drives(&self.data, record, membership);
+        if record.drives == drives && record.spares == spares {
+            return Ok(());
+        }
+        tracing::info!(%target, ?drives, ?spares, "recording the target's drives in node.json");
+        record.drives = drives;
+        record.spares = spares;
+        node.save(&self.data).map_err(|e| format!("{e:#}"))
+    }
 }
 
 impl RunRecord {
@@ -195,7 +287,11 @@ pub fn run(args: UpArgs) -> Result<()> {
         targets.push(open_target(&data, record)?);
     }
     let pool_targets: Vec<TargetId> = targets.iter().map(|t| t.id).collect();
-    let storage = StorageService::new(targets);
+    let storage = StorageService::new(targets).with_drive_admin(DriveAdmin {
+        drive_dir: data.join("drives"),
+        reserved_dirs: vec![data.clone()],
+        recorder: Arc::new(NodeFileRecorder { data: data.clone() }),
+    });
 
     std::fs::create_dir_all(data.join("meta"))?;
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
@@ -427,18 +523,20 @@ fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
             pool: LayoutPolicy::default().pool,
             level: format!("{level}"),
             drives: paths,
+            spares: Vec::new(),
         });
     }
     let node = NodeRecord { format: NODE_FORMAT, targets: records };
     // Written last: a node.json means the node was created completely.
-    let tmp = data.join("node.json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&node)?)?;
-    std::fs::rename(&tmp, data.join("node.json"))?;
+    node.save(data)?;
     Ok(node)
 }
 
 pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
-    let paths: Vec<PathBuf> = record.drives.iter().map(|p| data.join(p)).collect();
+    // Members and spares together: assembly tells them apart by their labels (a spare may
+    // have taken a failed slot since the record was written).
+    let paths: Vec<PathBuf> =
+        record.drives.iter().chain(&record.spares).map(|p| data.join(p)).collect();
     // A node that was just killed holds its drive locks until the kernel has torn down its
     // io_uring instances, a moment after the process is gone: wait for them a little.
     let mut attempts = 0;
@@ -546,4 +644,66 @@ fn print_banner(
         println!("{line}");
     }
     println!("Ctrl-C or SIGTERM stops the node and unmounts cleanly.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stria_storage::Membership;
+
+    fn target(drives: &[&str], spares: &[&str]) -> TargetRecord {
+        TargetRecord {
+            id: 1,
+            pool: "default".into(),
+            level: "raid5".into(),
+            drives: drives.iter().map(PathBuf::from).collect(),
+            spares: spares.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn the_record_follows_replacements_and_spares() {
+        let data = Path::new("/data");
+        let old = target(&["drives/t1-d0.img", "drives/t1-d1.img", "drives/t1-d2.img"], &[]);
+        // Slot 1 replaced by a new file under DATA/drives, a spare on a block device.
+        let now = Membership {
+            members: vec![
+                Some("/data/drives/t1-d0.img".into()),
+                Some("/data/drives/new.img".into()),
+                Some("/data/drives/t1-d2.img".into()),
+            ],
+            spares: vec!["/dev/nvme3n1".into()],
+        };
+        assert_eq!(
+            updated_drives(data, &old, &now),
+            (
+                paths(&["drives/t1-d0.img", "drives/new.img", "drives/t1-d2.img"]),
+                paths(&["/dev/nvme3n1"])
+            )
+        );
+        // The spare took slot 2; a pending drive listed twice is recorded once, as a member.
+        let now = Membership {
+            members: vec![Some("/data/drives/t1-d0.img".into()), None, Some("/dev/nvme3n1".into())],
+            spares: vec!["/dev/nvme3n1".into()],
+        };
+        let old =
+            target(&["drives/t1-d0.img", "drives/gone.img", "drives/t1-d2.img"], &["/dev/nvme3n1"]);
+        assert_eq!(
+            updated_drives(data, &old, &now),
+            (paths(&["drives/t1-d0.img", "drives/gone.img", "/dev/nvme3n1"]), paths(&[])),
+            "a slot without a drive keeps its recorded path for when the drive comes back"
+        );
+    }
+
+    #[test]
+    fn records_of_older_nodes_without_spares_still_load() {
+        let text = r#"{"format":1,"targets":[{"id":1,"pool":"default","level":"raid5",
+            "drives":["drives/t1-d0.img","drives/t1-d1.img"]}]}"#;
+        let node: NodeRecord = serde_json::from_str(text).expect("an old record loads");
+        assert!(node.targets[0].spares.is_empty());
+    }
 }

@@ -688,6 +688,40 @@ fn forms_work_through_the_api(
     );
     tab.wait("the volume's row to go", "!document.querySelector('[data-volume=ui1]')");
     assert_eq!(request(api.addr, "GET", "/api/v1/volumes/ui1", Some(&api.token), None).status, 404);
+
+    // Replace the failed drive from its target card: a path the API refuses names `path`; a
+    // bare file name made a quarter GiB big goes into the failed slot and rebuilds.
+    let replace = |path: &str| {
+        format!(
+            "const f = document.querySelector('[data-testid=replace-drive-form]');
+             f.elements.slot.value = '1'; f.elements.path.value = '{path}';
+             f.elements.create_bytes.value = '0.25'; f.requestSubmit();"
+        )
+    };
+    tab.wait(
+        "the failed slot offered",
+        "[...document.querySelector('[data-testid=replace-drive-form]').elements.slot.options]
+           .some((o) => o.value === '1')",
+    );
+    tab.run(&replace("../ui.img"));
+    tab.wait(
+        "the replace refusal",
+        "document.querySelector('[data-testid=replace-drive-error]').textContent !== ''",
+    );
+    let error = tab.eval("document.querySelector('[data-testid=replace-drive-error]').textContent");
+    assert!(error.as_str().is_some_and(|e| e.starts_with("path: ")), "{error}");
+    tab.run(&replace("ui-new.img"));
+    tab.wait(
+        "the target card out of the degraded state",
+        "document.querySelector('[data-testid=target-card]').dataset.state !== 'degraded'",
+    );
+    let t = api.get("/api/v1/targets/1");
+    let slot1 = t["drives"][1]["device"].as_str().expect("device");
+    assert!(slot1.ends_with("drives/ui-new.img"), "the form's drive is in slot 1: {t}");
+    tab.run("document.querySelector('[data-testid=drive-controls]').open = true;");
+    let shot = artifacts.join("storage-drive-replaced.png");
+    tab.screenshot_below("[data-testid=target-card]", &shot);
+    shots.push(shot);
 }
 
 fn write_index(dir: &Path, shots: &[PathBuf]) {

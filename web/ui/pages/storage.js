@@ -1,6 +1,7 @@
 // Storage: targets (RAID arrays) with geometry, state, rebuild and scrub; pools; volumes and
 // their exports with access lists. Forms create and delete volumes and exports, edit access
-// lists, set the rebuild rate and start or stop scrubs, all through the API.
+// lists, set the rebuild rate, start or stop scrubs, replace a failed drive and add hot spares,
+// all through the API.
 
 import { api, get } from '../api.js';
 import { badge, bar, facts, h, section, table } from '../dom.js';
@@ -9,6 +10,25 @@ import { act, errorLine, field, refuse, select, setOptions, submit } from '../fo
 import { slotMap } from './overview.js';
 
 const MIB = 1024 * 1024;
+const GIB = 1024 * MIB;
+const DRIVE_PATH_HINT = 'An absolute path, or a bare file name for DATA/drives/NAME on the node';
+
+/** The body of a new drive: its path, and the size to create it with (GiB; empty: it exists). */
+function newDrive(form) {
+  const e = form.elements;
+  const path = e.path.value.trim();
+  if (!path) throw refuse('path', 'enter the drive\'s path or a file name');
+  const raw = e.create_bytes.value;
+  if (raw !== '' && !(Number(raw) > 0)) throw refuse('create_bytes', 'enter a size in GiB, or leave it empty for an existing drive');
+  return { path, create_bytes: raw === '' ? null : Math.round(Number(raw) * GIB) };
+}
+
+function driveFields() {
+  return [
+    field('Drive', { name: 'path', placeholder: 'new.img or /dev/nvme2n1', spellcheck: 'false' }, DRIVE_PATH_HINT),
+    field('Create (GiB, empty: it exists)', { name: 'create_bytes', type: 'number', min: '0', step: 'any' }),
+  ];
+}
 const SIZE_UNITS = [['1048576', 'MiB'], ['1073741824', 'GiB'], ['1099511627776', 'TiB']];
 
 const redundancy = { raid0: 'none', raid1: 'mirror', raid10: 'mirror', raid5: 'parity', raid6: 'parity' };
@@ -71,10 +91,40 @@ function targetCard(ctx) {
     h('label', { class: 'check' }, repair, ' repair what it finds'),
     field('Rate (MiB/s, empty: unlimited)', { name: 'rate_bytes_per_s', type: 'number', min: '1', step: 'any' }),
     h('button', { type: 'submit', 'data-testid': 'scrub-start' }, 'Start scrub'), stop, scrubError);
+  const replaceSlot = select('Failed slot', { name: 'slot' }, []);
+  const replaceForm = h('form', { class: 'inline-form', 'data-testid': 'replace-drive-form' },
+    replaceSlot, ...driveFields(),
+    h('button', { type: 'submit', 'data-testid': 'replace-drive' }, 'Replace'), errorLine('replace-drive-error'));
+  const spareForm = h('form', { class: 'inline-form', 'data-testid': 'add-spare-form' },
+    ...driveFields(),
+    h('button', { type: 'submit', 'data-testid': 'add-spare' }, 'Add spare'), errorLine('add-spare-error'));
   const el = h('section', { class: 'card target-card', 'data-testid': 'target-card' },
     h('header', {}, title, state), figures,
-    h('details', { class: 'controls' }, h('summary', {}, 'Rebuild rate and scrub'), rateForm, scrubForm));
+    h('details', { class: 'controls' }, h('summary', {}, 'Rebuild rate and scrub'), rateForm, scrubForm),
+    h('details', { class: 'controls', 'data-testid': 'drive-controls' },
+      h('summary', {}, 'Replace a drive, add a spare'),
+      h('p', { class: 'muted small' }, 'A replacement fills a failed slot and rebuilds in the background; a spare takes the place of the next drive that fails. The node records both in DATA/node.json.'),
+      replaceForm, spareForm));
   let current = null;
+
+  replaceForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    submit(replaceForm, ctx, () => {
+      const slot = replaceSlot.querySelector('select').value;
+      if (slot === '') throw refuse('slot', 'no slot is out: fail a drive first');
+      return api('POST', `/targets/${current.id}/drives/${slot}/replace`, newDrive(replaceForm));
+    }, (t) => {
+      replaceForm.reset();
+      return `Target ${t.id}: the new drive is in and rebuilds`;
+    });
+  });
+  spareForm.addEventListener('submit', (event) => {
+    event.preventDefault();
+    submit(spareForm, ctx, () => api('POST', `/targets/${current.id}/spares`, newDrive(spareForm)), (t) => {
+      spareForm.reset();
+      return `Target ${t.id}: spare added`;
+    });
+  });
 
   rateForm.addEventListener('submit', (event) => {
     event.preventDefault();
@@ -104,6 +154,8 @@ function targetCard(ctx) {
       title.textContent = `Target ${t.id}`;
       state.replaceChildren(badge(t.state, 'target-state'));
       stop.disabled = t.scrub.state !== 'running';
+      const out = t.drives.filter((d) => d.slot !== null && d.slot !== undefined && !['active', 'rebuilding'].includes(d.state));
+      setOptions(replaceSlot.querySelector('select'), out.map((d) => [String(d.slot), `slot ${d.slot} (${d.state})`]));
       const space = t.space;
       figures.replaceChildren(...[
         h('div', { class: 'split' },

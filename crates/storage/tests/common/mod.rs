@@ -51,5 +51,5 @@ pub fn call<T: Serialize>(
 ) -> Result<Vec<u8>, u16> {
     let message = Bytes::from(postcard::to_stdvec(message).expect("encode"));
     let work = service.handle(method, message, Bytes::copy_from_slice(data));
-    runtime.block_on(work).map(|(reply, _)| reply)
+    runtime.block_on(work).map(|(reply, _)| reply).map_err(|refusal| refusal.status)
 }
