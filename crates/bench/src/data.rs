@@ -94,7 +94,11 @@ impl DataPhase<'_> {
             cache: target.cache_policy(self.aligned()),
         };
         let cursors: Vec<AtomicU64> = self.files.iter().map(|_| AtomicU64::new(0)).collect();
-        run_phase(ctx, &spec, |worker, meter| self.work(target, worker, meter, &cursors))
+        let mut result =
+            run_phase(ctx, &spec, |worker, meter| self.work(target, worker, meter, &cursors))?;
+        // Asked again: a file system may have refused O_DIRECT during the phase.
+        result.cache = target.cache_policy(self.aligned());
+        Ok(result)
     }
 
     fn work(

@@ -89,7 +89,7 @@ fn run_streams(
             expected: Some((c.streams * c.frames_per_stream * c.frame_bytes) as u64),
             cache: target.cache_policy(aligned),
         };
-        let measured = run_phase(ctx, &spec, |s, meter| {
+        let mut measured = run_phase(ctx, &spec, |s, meter| {
             let mut buf = AlignedBuf::new(transfer);
             if !c.verify {
                 fill(buf.as_mut(), s as u64, 0);
@@ -147,6 +147,7 @@ fn run_streams(
             }
             Ok(())
         })?;
+        measured.cache = target.cache_policy(aligned);
         let frames = measured.ops;
         let fps = if measured.seconds > 0.0 { frames as f64 / measured.seconds } else { 0.0 };
         stats.push(FrameStats {

@@ -5,7 +5,8 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::target::{DataFile, Entry, OpenMode, Target, TargetKind, short_read};
@@ -38,8 +39,9 @@ impl CacheMode {
 pub struct PosixTarget {
     root: PathBuf,
     cache: CacheMode,
-    /// Set once the file system refused O_DIRECT (tmpfs does); buffered from then on.
-    direct_refused: AtomicBool,
+    /// Set once the file system refused O_DIRECT, at open (old tmpfs) or at the first
+    /// transfer (a FUSE file system whose daemon cannot pass O_DIRECT on); buffered from then on.
+    direct_refused: Arc<AtomicBool>,
 }
 
 impl PosixTarget {
@@ -53,7 +55,7 @@ impl PosixTarget {
                 format!("{} is not a directory", root.display()),
             ));
         }
-        Ok(PosixTarget { root, cache, direct_refused: AtomicBool::new(false) })
+        Ok(PosixTarget { root, cache, direct_refused: Arc::new(AtomicBool::new(false)) })
     }
 
     fn path(&self, path: &str) -> PathBuf {
@@ -88,23 +90,24 @@ impl Target for PosixTarget {
 
     fn open(&self, path: &str, mode: OpenMode) -> io::Result<Box<dyn DataFile>> {
         let full = self.path(path);
-        let open = |direct: bool| {
-            let mut options = OpenOptions::new();
-            options.read(true).write(mode.write).create(mode.create).truncate(mode.create);
-            if direct {
-                options.custom_flags(libc::O_DIRECT);
-            }
-            options.open(&full)
-        };
         let direct = self.direct(mode.aligned);
-        let file = match open(direct) {
+        let file = match open_file(&full, mode, direct) {
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 self.direct_refused.store(true, Relaxed);
-                open(false)
+                open_file(&full, mode, false)
             }
             other => other,
         };
-        Ok(Box::new(PosixFile { file: self.with_path(path, file)? }))
+        let file = self.with_path(path, file)?;
+        // Reopening after a refused transfer must not truncate what was written.
+        let reopen = OpenMode { create: false, ..mode };
+        Ok(Box::new(PosixFile {
+            file,
+            direct,
+            path: full,
+            mode: reopen,
+            refused: self.direct_refused.clone(),
+        }))
     }
 
     fn stat(&self, path: &str) -> io::Result<u64> {
@@ -155,27 +158,52 @@ impl Target for PosixTarget {
     }
 }
 
+fn open_file(path: &Path, mode: OpenMode, direct: bool) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(mode.write).create(mode.create).truncate(mode.create);
+    if direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    options.open(path)
+}
+
 #[derive(Debug)]
 struct PosixFile {
     file: File,
+    /// Opened with O_DIRECT.
+    direct: bool,
+    path: PathBuf,
+    mode: OpenMode,
+    refused: Arc<AtomicBool>,
+}
+
+impl PosixFile {
+    /// After EINVAL on an O_DIRECT transfer: reopen buffered, and tell the target, so this
+    /// and later files go buffered. Returns whether the transfer should be retried.
+    fn fall_back(&mut self, e: &io::Error) -> io::Result<bool> {
+        if !self.direct || e.raw_os_error() != Some(libc::EINVAL) {
+            return Ok(false);
+        }
+        self.refused.store(true, Relaxed);
+        self.file = open_file(&self.path, self.mode, false)?;
+        self.direct = false;
+        Ok(true)
+    }
 }
 
 impl DataFile for PosixFile {
     fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+        match self.file.write_all_at(data, offset) {
+            Err(e) if self.fall_back(&e)? => self.file.write_all_at(data, offset),
+            other => other,
+        }
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => return Err(short_read(offset, buf.len(), done)),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        match self.read_fully(offset, buf) {
+            Err(e) if self.fall_back(&e)? => self.read_fully(offset, buf),
+            other => other,
         }
-        Ok(())
     }
 
     fn sync(&mut self) -> io::Result<()> {
@@ -188,6 +216,21 @@ impl DataFile for PosixFile {
         // SAFETY: we own `fd` (taken out of the File) and close it exactly once.
         if unsafe { libc::close(fd) } != 0 {
             return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl PosixFile {
+    fn read_fully(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(short_read(offset, buf.len(), done)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
