@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use stria_proto::fs::TargetId;
+use stria_proto::mgmt::VolumeIoCounts;
 use utoipa::ToSchema;
 
 use crate::events::{EventKind, EventLog, Severity, now_unix_ms};
@@ -45,6 +46,21 @@ pub struct TargetRates {
     pub rates: IoRates,
 }
 
+/// A pool's traffic: its targets' together.
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+pub struct PoolRates {
+    pub pool: String,
+    pub rates: IoRates,
+}
+
+/// A volume's traffic as its NBD clients see it (latency: from request to reply, in the
+/// gateway).
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+pub struct VolumeRates {
+    pub volume: String,
+    pub rates: IoRates,
+}
+
 /// A drive's own traffic (RAID's parity and mirror writes included).
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct DriveRates {
@@ -65,7 +81,9 @@ pub struct Performance {
     pub timestamps_unix_s: Vec<u64>,
     /// All targets together: what clients read and wrote.
     pub total: IoRates,
+    pub pools: Vec<PoolRates>,
     pub targets: Vec<TargetRates>,
+    pub volumes: Vec<VolumeRates>,
     pub drives: Vec<DriveRates>,
 }
 
@@ -194,12 +212,29 @@ struct DriveRings {
 #[derive(Debug, Default, Clone)]
 struct Counters {
     targets: BTreeMap<TargetId, IoDelta>,
+    /// The pool of each target.
+    pools: BTreeMap<TargetId, String>,
+    volumes: BTreeMap<String, IoDelta>,
     drives: BTreeMap<String, (TargetId, IoDelta)>,
 }
 
-fn counters_of(targets: &[TargetStatus]) -> Counters {
+fn counters_of(targets: &[TargetStatus], volumes: &[(String, VolumeIoCounts)]) -> Counters {
     let mut out = Counters::default();
+    for (name, io) in volumes {
+        out.volumes.insert(
+            name.clone(),
+            IoDelta {
+                read_bytes: io.read_bytes,
+                write_bytes: io.written_bytes,
+                read_ops: io.read_ops,
+                write_ops: io.write_ops,
+                read_latency_us: io.read_latency_us_total,
+                write_latency_us: io.write_latency_us_total,
+            },
+        );
+    }
     for t in targets {
+        out.pools.insert(t.id, t.pool.clone());
         out.targets.insert(
             t.id,
             IoDelta {
@@ -240,7 +275,9 @@ fn delta(now: &IoDelta, before: &IoDelta) -> IoDelta {
 struct Series {
     timestamps_unix_s: VecDeque<u64>,
     total: IoRings,
+    pools: BTreeMap<String, IoRings>,
     targets: BTreeMap<TargetId, IoRings>,
+    volumes: BTreeMap<String, IoRings>,
     drives: BTreeMap<String, DriveRings>,
     last: Option<(Instant, Counters)>,
 }
@@ -258,6 +295,7 @@ impl Series {
         self.timestamps_unix_s.push_back(unix_s);
 
         let mut total = IoDelta::default();
+        let mut pools: BTreeMap<&str, IoDelta> = BTreeMap::new();
         for id in now.targets.keys() {
             self.targets.entry(*id).or_insert_with(|| IoRings::padded(len));
         }
@@ -268,11 +306,34 @@ impl Series {
             };
             if let Some(d) = &d {
                 total.add(d);
+                if let Some(pool) = now.pools.get(id) {
+                    pools.entry(pool).or_default().add(d);
+                }
             }
             rings.push(d.as_ref(), secs);
         }
         self.total.push(Some(&total), secs);
         self.targets.retain(|_, rings| !rings.all_empty());
+
+        for pool in now.pools.values() {
+            self.pools.entry(pool.clone()).or_insert_with(|| IoRings::padded(len));
+        }
+        for (pool, rings) in &mut self.pools {
+            rings.push(pools.get(pool.as_str()), secs);
+        }
+        self.pools.retain(|_, rings| !rings.all_empty());
+
+        for name in now.volumes.keys() {
+            self.volumes.entry(name.clone()).or_insert_with(|| IoRings::padded(len));
+        }
+        for (name, rings) in &mut self.volumes {
+            let d = match (now.volumes.get(name), before.volumes.get(name)) {
+                (Some(n), Some(b)) => Some(delta(n, b)),
+                _ => None,
+            };
+            rings.push(d.as_ref(), secs);
+        }
+        self.volumes.retain(|_, rings| !rings.all_empty());
 
         for (id, (target, _)) in &now.drives {
             if self.drives.len() >= DRIVE_SERIES_MAX {
@@ -299,6 +360,16 @@ impl Series {
             interval_s: SAMPLE_INTERVAL.as_secs() as u32,
             timestamps_unix_s: self.timestamps_unix_s.iter().skip(skip).copied().collect(),
             total: self.total.rates(n),
+            pools: self
+                .pools
+                .iter()
+                .map(|(pool, rings)| PoolRates { pool: pool.clone(), rates: rings.rates(n) })
+                .collect(),
+            volumes: self
+                .volumes
+                .iter()
+                .map(|(name, rings)| VolumeRates { volume: name.clone(), rates: rings.rates(n) })
+                .collect(),
             targets: self
                 .targets
                 .iter()
@@ -380,7 +451,7 @@ impl Monitor {
         self.series.lock().unwrap_or_else(|e| e.into_inner()).record(
             at,
             now_unix_ms() / 1000,
-            counters_of(&targets),
+            counters_of(&targets, &self.mgmt.volume_counters()),
         );
         self.observe(&targets);
     }
@@ -637,6 +708,38 @@ mod tests {
         assert_eq!(p.targets.len(), 1);
         assert_eq!(p.drives[0].read_bytes_per_s, vec![Some(4096.0), Some(2048.0)]);
         assert_eq!(s.report(1).timestamps_unix_s, vec![103]);
+    }
+
+    #[test]
+    fn pools_sum_their_targets_and_volumes_have_their_own_series() {
+        let counters = |a: u64, b: u64, v: u64| {
+            let mut c = Counters::default();
+            for (id, pool, bytes) in [(1, "fast", a), (2, "fast", b), (3, "slow", a)] {
+                c.targets.insert(TargetId(id), IoDelta { read_bytes: bytes, ..IoDelta::default() });
+                c.pools.insert(TargetId(id), pool.to_string());
+            }
+            let write = IoDelta {
+                write_bytes: v,
+                write_ops: v / 4096,
+                write_latency_us: v / 4096 * 10,
+                ..IoDelta::default()
+            };
+            c.volumes.insert("v".into(), write);
+            c
+        };
+        let mut s = Series::default();
+        let t0 = Instant::now();
+        s.record(t0, 100, counters(0, 0, 0));
+        s.record(t0 + Duration::from_secs(1), 101, counters(100, 50, 8192));
+        let p = s.report(10);
+        let pool = |name: &str| p.pools.iter().find(|x| x.pool == name).unwrap();
+        assert_eq!(pool("fast").rates.read_bytes_per_s, vec![Some(150.0)]);
+        assert_eq!(pool("slow").rates.read_bytes_per_s, vec![Some(100.0)]);
+        assert_eq!(p.volumes.len(), 1);
+        assert_eq!(p.volumes[0].volume, "v");
+        assert_eq!(p.volumes[0].rates.write_bytes_per_s, vec![Some(8192.0)]);
+        assert_eq!(p.volumes[0].rates.write_ops_per_s, vec![Some(2.0)]);
+        assert_eq!(p.volumes[0].rates.write_latency_us_mean, vec![Some(10.0)]);
     }
 
     #[test]

@@ -243,6 +243,20 @@ impl Mgmt {
         self.gateway().map(|g| g.clients()).unwrap_or_default()
     }
 
+    /// Each volume's gateway counters, for the performance series (none without a gateway).
+    pub fn volume_counters(&self) -> Vec<(String, VolumeIoCounts)> {
+        let Some(gateway) = self.gateway() else { return Vec::new() };
+        match self.registry.volumes() {
+            Ok(volumes) => {
+                volumes.iter().map(|v| (v.name.clone(), gateway.volume_io(v.object))).collect()
+            }
+            Err(e) => {
+                tracing::warn!("cannot read the volumes for their performance series: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     fn gateway(&self) -> Option<Arc<dyn Gateway>> {
         self.gateway.read().unwrap_or_else(|e| e.into_inner()).clone()
     }

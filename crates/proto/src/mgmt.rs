@@ -128,6 +128,9 @@ pub struct VolumeIoCounts {
     pub written_bytes: u64,
     pub read_ops: u64,
     pub write_ops: u64,
+    /// Microseconds spent serving the reads (writes), summed: over `read_ops`, the mean.
+    pub read_latency_us_total: u64,
+    pub write_latency_us_total: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

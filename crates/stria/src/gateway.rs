@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use stria_client::{Client, VolumeIo};
 use stria_mgmt::{ExportRecord, ExportStats, Gateway, GatewayClient, VolumeRecord};
@@ -29,17 +30,21 @@ struct Counts {
     written_bytes: AtomicU64,
     read_ops: AtomicU64,
     write_ops: AtomicU64,
+    read_latency_us: AtomicU64,
+    write_latency_us: AtomicU64,
 }
 
 impl Counts {
-    fn read(&self, bytes: usize) {
+    fn read(&self, bytes: usize, started: Instant) {
         self.read_bytes.fetch_add(bytes as u64, Relaxed);
         self.read_ops.fetch_add(1, Relaxed);
+        self.read_latency_us.fetch_add(started.elapsed().as_micros() as u64, Relaxed);
     }
 
-    fn written(&self, bytes: usize) {
+    fn written(&self, bytes: usize, started: Instant) {
         self.written_bytes.fetch_add(bytes as u64, Relaxed);
         self.write_ops.fetch_add(1, Relaxed);
+        self.write_latency_us.fetch_add(started.elapsed().as_micros() as u64, Relaxed);
     }
 }
 
@@ -59,14 +64,16 @@ impl Backend for VolumeBackend {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        let started = Instant::now();
         self.io.read_into(offset, buf).map_err(|e| backend_error("read", e))?;
-        self.counts.read(buf.len());
+        self.counts.read(buf.len(), started);
         Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
+        let started = Instant::now();
         self.io.write(offset, data, fua).map_err(|e| backend_error("write", e))?;
-        self.counts.written(data.len());
+        self.counts.written(data.len(), started);
         Ok(())
     }
 
@@ -105,8 +112,9 @@ impl Backend for VolumeBackend {
 
     fn read_async<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
         Some(Box::pin(async move {
+            let started = Instant::now();
             self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))?;
-            self.counts.read(buf.len());
+            self.counts.read(buf.len(), started);
             Ok(())
         }))
     }
@@ -118,8 +126,9 @@ impl Backend for VolumeBackend {
         fua: bool,
     ) -> Option<BackendFuture<'a>> {
         Some(Box::pin(async move {
+            let started = Instant::now();
             self.io.write_async(offset, data, fua).await.map_err(|e| backend_error("write", e))?;
-            self.counts.written(data.len());
+            self.counts.written(data.len(), started);
             Ok(())
         }))
     }
@@ -253,6 +262,8 @@ impl Gateway for NbdGateway {
             written_bytes: b.counts.written_bytes.load(Relaxed),
             read_ops: b.counts.read_ops.load(Relaxed),
             write_ops: b.counts.write_ops.load(Relaxed),
+            read_latency_us_total: b.counts.read_latency_us.load(Relaxed),
+            write_latency_us_total: b.counts.write_latency_us.load(Relaxed),
         }
     }
 

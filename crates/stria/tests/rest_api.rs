@@ -229,7 +229,7 @@ fn rest_api_serves_the_live_node_and_its_actions() {
     assert_eq!((bad.status, bad.json()["error"]["field"].clone()), (400, json!("net")));
     // A connected initiator is a client of the node, next to the FUSE mount, until it leaves.
     let mut holder = std::process::Command::new("qemu-io")
-        .args(["-f", "raw", "-r", &uri, "-c", "sleep 4000"])
+        .args(["-f", "raw", "-r", &uri, "-c", "read 0 4M", "-c", "sleep 4000"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -244,6 +244,30 @@ fn rest_api_serves_the_live_node_and_its_actions() {
     assert_eq!((nbd["export"].clone(), nbd["tls"].clone()), (json!("vm1"), json!(false)));
     assert!(nbd["peer"].as_str().expect("peer").starts_with("127.0.0.1:"), "{nbd}");
     holder.wait().expect("qemu-io ends");
+    // Its reads are in the volume's own performance series; the pool has one too.
+    let perf = eventually(&api, "/api/v1/performance?seconds=60", "the volume's reads", |p| {
+        p["volumes"].as_array().is_some_and(|all| {
+            all.iter().any(|v| {
+                v["volume"] == "vm1"
+                    && v["rates"]["read_bytes_per_s"]
+                        .as_array()
+                        .is_some_and(|s| s.iter().any(|x| x.as_f64().is_some_and(|x| x > 0.0)))
+            })
+        })
+    });
+    let vm1 = perf["volumes"].as_array().and_then(|v| v.iter().find(|v| v["volume"] == "vm1"));
+    let latencies = vm1.expect("vm1")["rates"]["read_latency_us_mean"].clone();
+    assert!(
+        latencies.as_array().is_some_and(|s| s.iter().any(|x| x.as_f64().is_some_and(|x| x > 0.0))),
+        "the gateway measures the volume's latency: {latencies}"
+    );
+    assert_eq!(perf["pools"][0]["pool"], "default", "{perf}");
+    assert!(
+        perf["pools"][0]["rates"]["write_bytes_per_s"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x.as_f64().is_some_and(|x| x > 0.0))),
+        "the pool's series carries the writes of its targets: {perf}"
+    );
     eventually(&api, "/api/v1/clients", "the NBD client gone", |c| {
         c.as_array().is_some_and(|all| all.iter().all(|x| x["kind"] != "nbd"))
     });

@@ -1,4 +1,5 @@
-// Performance: throughput, IOPS and latency over a chosen window, for all targets or one.
+// Performance: throughput, IOPS and latency over a chosen window, for all targets, a pool, a
+// target or a volume.
 
 import { get } from '../api.js';
 import { COLORS, renderChart } from '../chart.js';
@@ -40,20 +41,29 @@ export default {
       h('div', { class: 'toolbar', 'data-testid': 'perf-controls', 'data-range-s': range, 'data-scope': scope }, rangeSelect, scopeSelect, note),
       section('Charts', {}, ...holders),
       section('Over the window', {}, summary,
-        h('p', { class: 'muted small' }, 'What clients read and wrote (chunk requests), before RAID adds parity and mirror writes; latency is the time each request spent in the storage service. Per-drive traffic is on each drive\'s page.')));
+        h('p', { class: 'muted small' }, 'Targets and pools: what clients read and wrote (chunk requests), before RAID adds parity and mirror writes; latency is the time each request spent in the storage service. Volumes: what their NBD clients read and wrote, latency from request to reply in the gateway. Per-drive traffic is on each drive\'s page.')));
 
     return {
       intervalMs: Number(range) > 900 ? 5000 : 2000,
       async refresh() {
         const perf = await get(`/performance?seconds=${range}`);
-        const scopes = [['total', 'All targets'], ...perf.targets.map((t) => [`target-${t.target}`, `Target ${t.target}`])];
+        const scopes = [
+          ['total', 'All targets'],
+          ...(perf.pools || []).map((p) => [`pool-${p.pool}`, `Pool ${p.pool}`]),
+          ...perf.targets.map((t) => [`target-${t.target}`, `Target ${t.target}`]),
+          ...(perf.volumes || []).map((v) => [`volume-${v.volume}`, `Volume ${v.volume}`]),
+        ];
         const sel = scopeSelect.querySelector('select');
         if (sel.options.length !== scopes.length) {
           sel.replaceChildren(...scopes.map(([v, text]) => h('option', { value: v }, text)));
         }
         sel.value = scopes.some(([v]) => v === scope) ? scope : 'total';
-        const rates = scope === 'total' ? perf.total
-          : (perf.targets.find((t) => `target-${t.target}` === scope) || {}).rates;
+        const scoped = [
+          ...(perf.pools || []).map((p) => [`pool-${p.pool}`, p.rates]),
+          ...perf.targets.map((t) => [`target-${t.target}`, t.rates]),
+          ...(perf.volumes || []).map((v) => [`volume-${v.volume}`, v.rates]),
+        ];
+        const rates = scope === 'total' ? perf.total : (scoped.find(([k]) => k === scope) || [])[1];
         if (!rates) {
           note.textContent = `No series for ${scope}; showing nothing.`;
           return;
