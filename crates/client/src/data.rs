@@ -73,6 +73,7 @@ pub(crate) async fn write(
             return Err(error);
         }
         state.prefetch.clear();
+        state.inline = None;
         state.layout.clone()
     };
     let layout = match layout {
@@ -209,18 +210,22 @@ pub(crate) async fn read(
 ) -> FsResult<Vec<u8>> {
     let inode = &file.inode;
     drain_inode(inode).await?;
-    let (layout, size) = {
+    let (layout, size, inline) = {
         let state = inode.state();
-        (state.layout.clone(), state.size)
+        let inline = if state.layout.is_none() { state.inline.clone() } else { None };
+        (state.layout.clone(), state.size, inline)
     };
     if offset >= size || len == 0 {
         return Ok(Vec::new());
     }
     let len = (len as u64).min(size - offset);
     let Some(layout) = layout else {
-        let reply = inner.meta.call(MetaRequest::ReadInline { ino: file.ino }).await?;
-        let MetaReply::Bytes(data) = reply else {
-            return Err(unexpected(&reply));
+        let data = match inline {
+            Some(data) => data,
+            None => match inner.meta.call(MetaRequest::ReadInline { ino: file.ino }).await? {
+                MetaReply::Bytes(data) => data,
+                reply => return Err(unexpected(&reply)),
+            },
         };
         let mut out = vec![0u8; len as usize];
         let start = (offset as usize).min(data.len());

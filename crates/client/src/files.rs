@@ -55,6 +55,13 @@ pub(crate) struct InodeState {
     pub next_sequential: u64,
     /// Reads in a row that started where the previous one ended (about).
     pub sequential_hits: u32,
+    /// An inline file's bytes as the open fetched them, while nothing here changed them:
+    /// reads are served from it (close-to-open: another client's writes show at the next
+    /// open). Dropped by every write, truncate or spill.
+    pub inline: Option<Vec<u8>>,
+    /// This client created the file and has set no extended attribute on it since, so it
+    /// has no `security.capability` (the one the kernel asks for before every write).
+    pub created_here: bool,
 }
 
 impl InodeData {
@@ -81,7 +88,9 @@ impl OpenFiles {
         }
     }
 
-    pub fn open(&self, attr: &Attr) -> FileHandleId {
+    /// Opens a handle; `inline` is the file's bytes when they live in its inode and came
+    /// with the open.
+    pub fn open(&self, attr: &Attr, inline: Option<Vec<u8>>) -> FileHandleId {
         let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
         let inode = inodes
             .entry(attr.ino)
@@ -98,6 +107,8 @@ impl OpenFiles {
                         prefetch: HashMap::new(),
                         next_sequential: 0,
                         sequential_hits: 0,
+                        inline: None,
+                        created_here: false,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
@@ -112,6 +123,18 @@ impl OpenFiles {
             if state.layout.is_none() {
                 state.layout = attr.layout.clone();
             }
+            // Only the sole handle takes the bytes: with others open, writes of theirs may be
+            // queued that the metadata service has not seen.
+            let sole = state.opens == 1 && !state.size_dirty;
+            state.inline = match inline {
+                Some(bytes)
+                    if sole && state.layout.is_none() && bytes.len() as u64 == attr.size =>
+                {
+                    Some(bytes)
+                }
+                _ if sole => None,
+                _ => state.inline.take(),
+            };
             // Handles already open here know at least as much as the metadata service, whose
             // answer may predate a publish of theirs; only a fresh inode takes its size.
             if state.opens == 0 {
@@ -124,6 +147,28 @@ impl OpenFiles {
         let file = Arc::new(OpenFile { ino: attr.ino, inode });
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, file);
         fh
+    }
+
+    /// Notes that `ino` was just created by this client (see [`InodeState::created_here`]).
+    pub fn created(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            inode.state().created_here = true;
+        }
+    }
+
+    /// Whether `ino` is open here since this client created it, with no xattr set since.
+    pub fn created_here(&self, ino: Ino) -> bool {
+        self.inode(ino).is_some_and(|inode| {
+            let state = inode.state();
+            state.opens > 0 && state.created_here
+        })
+    }
+
+    /// An extended attribute of `ino` changed (here): forget what was known about them.
+    pub fn xattrs_changed(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            inode.state().created_here = false;
+        }
     }
 
     pub fn get(&self, fh: FileHandleId) -> FsResult<Arc<OpenFile>> {
@@ -179,6 +224,7 @@ impl OpenFiles {
             state.size = size;
             state.size_dirty = false;
             state.prefetch.clear();
+            state.inline = None;
         }
     }
 }

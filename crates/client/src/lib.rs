@@ -199,8 +199,12 @@ impl Client {
             open: true,
         };
         match self.meta(request)? {
+            // A new file is empty: its (no) bytes are known.
             MetaReply::Open { attr, .. } => {
-                let fh = self.inner.files.open(&attr);
+                let fh = self.inner.files.open(&attr, Some(Vec::new()));
+                if attr.size == 0 {
+                    self.inner.files.created(attr.ino);
+                }
                 Ok((fh, self.inner.files.overlay(attr)))
             }
             other => Err(unexpected(&other)),
@@ -323,12 +327,12 @@ impl Client {
 
     /// Opens a file for I/O (`mask`: the R_OK/W_OK bits the open needs).
     pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
-        let (attr, _inline) =
+        let (attr, inline) =
             match self.meta(MetaRequest::Open { caller: caller.clone(), ino, mask })? {
                 MetaReply::Open { attr, inline } => (attr, inline),
                 other => return Err(unexpected(&other)),
             };
-        let fh = self.inner.files.open(&attr);
+        let fh = self.inner.files.open(&attr, inline);
         Ok((fh, self.inner.files.overlay(attr)))
     }
 
@@ -367,7 +371,12 @@ impl Client {
         flushed
     }
 
+    /// `security.capability` of a file this client created and still holds open is answered
+    /// here (it has none): the kernel asks for it before every write.
     pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        if name == b"security.capability" && self.inner.files.created_here(ino) {
+            return Err(FsStatus::NoData);
+        }
         match self.meta(MetaRequest::GetXattr {
             caller: caller.clone(),
             ino,
@@ -386,6 +395,7 @@ impl Client {
         value: &[u8],
         mode: XattrSetMode,
     ) -> FsResult<()> {
+        self.inner.files.xattrs_changed(ino);
         self.meta(MetaRequest::SetXattr {
             caller: caller.clone(),
             ino,

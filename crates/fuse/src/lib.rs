@@ -41,6 +41,13 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Largest read and write request, at most 1 MiB on Linux.
     pub max_io_bytes: u32,
+    /// The kernel's writeback cache: small buffered writes are gathered in the page cache.
+    /// With it the kernel trusts its own size and mtime of a cached file, so what another
+    /// client writes to a file this mount has cached stays invisible (wrong size, stale
+    /// pages) until the kernel drops the inode: only for a mount that is its files' sole
+    /// writer. Without it the mount follows other clients' changes once its attribute cache
+    /// (`attr_ttl`) expires, and drops cached pages whose file changed size or mtime.
+    pub writeback_cache: bool,
 }
 
 impl Default for MountOptions {
@@ -50,6 +57,7 @@ impl Default for MountOptions {
             attr_ttl: Duration::from_secs(1),
             allow_other: true,
             max_io_bytes: 1 << 20,
+            writeback_cache: false,
         }
     }
 }
@@ -90,6 +98,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         client,
         ttl: options.attr_ttl,
         max_io_bytes: options.max_io_bytes,
+        writeback_cache: options.writeback_cache,
         callers: Callers::default(),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
@@ -100,6 +109,7 @@ struct StriaFs {
     client: Client,
     ttl: Duration,
     max_io_bytes: u32,
+    writeback_cache: bool,
     callers: Callers,
 }
 
@@ -176,7 +186,14 @@ impl Filesystem for StriaFs {
         let _ = config.set_congestion_threshold(48);
         // ASYNC_DIO lets the kernel keep many O_DIRECT requests of one file in flight (without
         // it, libaio against the mount runs one request at a time per file).
-        let wanted = InitFlags::FUSE_WRITEBACK_CACHE
+        // AUTO_INVAL_DATA: cached pages go when a refreshed mtime differs (another client
+        // wrote); the writeback cache, when asked for, makes the kernel ignore that.
+        let cache = if self.writeback_cache {
+            InitFlags::FUSE_WRITEBACK_CACHE
+        } else {
+            InitFlags::FUSE_AUTO_INVAL_DATA
+        };
+        let wanted = cache
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_ASYNC_DIO
@@ -350,8 +367,9 @@ impl Filesystem for StriaFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let caller = self.callers.of(req);
         match self.client.open(&caller, ino.0, Self::open_mask(flags.0)) {
-            // Keep the page cache: `open` revalidated the attributes, and the kernel drops
-            // cached pages itself when it sees the mtime or size change.
+            // Keep the page cache: the kernel drops cached pages itself when refreshed
+            // attributes show another size or mtime (not with the writeback cache, see
+            // `MountOptions::writeback_cache`).
             Ok((fh, _attr)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(error) => reply.error(errno(error)),
         }

@@ -69,6 +69,12 @@ pub struct UpArgs {
     /// Do not mount; serve the native API only.
     #[arg(long)]
     pub no_mount: bool,
+    /// Use the kernel's writeback cache on the mount: faster small buffered writes, but the
+    /// mount then trusts its own file sizes and never sees what other clients (the client
+    /// library, other mounts) change in files it has cached. Only when the mount is the sole
+    /// writer of its files.
+    #[arg(long)]
+    pub writeback_cache: bool,
     /// Address of the metadata service (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7411")]
     pub meta_listen: SocketAddr,
@@ -366,7 +372,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         Some(args.mount.clone().map(|m| absolute(&m)).transpose()?.unwrap_or(data.join("mnt")))
     };
     let mount = match &mount_point {
-        Some(path) => match mount_fs(client.clone(), path) {
+        Some(path) => match mount_fs(client.clone(), path, args.writeback_cache) {
             Ok(mount) => Some(mount),
             Err(reason) => {
                 eprintln!("warning: not mounted: {reason:#}");
@@ -555,7 +561,12 @@ pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
     Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
 }
 
-fn mount_fs(client: stria_client::Client, path: &Path) -> Result<stria_fuse::Mount> {
+fn mount_fs(
+    client: stria_client::Client,
+    path: &Path,
+    writeback_cache: bool,
+) -> Result<stria_fuse::Mount> {
+    let options = stria_fuse::MountOptions { writeback_cache, ..Default::default() };
     if !Path::new("/dev/fuse").exists() {
         bail!(
             "/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device (--device /dev/fuse)"
@@ -564,14 +575,14 @@ fn mount_fs(client: stria_client::Client, path: &Path) -> Result<stria_fuse::Mou
     clear_stale_mount(path, false);
     std::fs::create_dir_all(path)
         .with_context(|| format!("cannot create the mount point {}", path.display()))?;
-    let mut mounted = stria_fuse::mount(client.clone(), path, &stria_fuse::MountOptions::default());
+    let mut mounted = stria_fuse::mount(client.clone(), path, &options);
     if let Err(e) = &mounted
         && e.raw_os_error() == Some(libc::ENOTCONN)
     {
         // The dead mount of a killed node was still being torn down a moment ago.
         clear_stale_mount(path, true);
         std::thread::sleep(Duration::from_millis(200));
-        mounted = stria_fuse::mount(client, path, &stria_fuse::MountOptions::default());
+        mounted = stria_fuse::mount(client, path, &options);
     }
     mounted.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {

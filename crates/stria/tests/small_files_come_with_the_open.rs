@@ -1,0 +1,100 @@
+//! A small file's bytes (kept inside its inode) come with the open, so the client reads them
+//! without another request. They must never be stale where POSIX and close-to-open promise
+//! fresh data: a new open sees what another client wrote and closed, and this client's own
+//! writes and truncates show at once.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use stria_client::{Client, ClientConfig};
+use stria_proto::fs::FsStatus;
+use stria_proto::fs::{ROOT_INO, TargetId};
+use stria_proto::wire::{Caller, SetAttr, XattrSetMode};
+use support::node::{Node, pattern, require_fuse, scratch};
+
+fn native(node: &Node) -> (Client, tokio::runtime::Runtime) {
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(node.data.join("run.json")).unwrap())
+            .unwrap();
+    let addr = |key: &str| -> SocketAddr { run[key].as_str().unwrap().parse().unwrap() };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let probe = Client::new(
+        runtime.handle().clone(),
+        ClientConfig::new(addr("meta"), vec![(TargetId(0), addr("storage"))]),
+    );
+    let routes = probe.targets().unwrap().iter().map(|t| (t.target, addr("storage"))).collect();
+    (Client::new(runtime.handle().clone(), ClientConfig::new(addr("meta"), routes)), runtime)
+}
+
+#[test]
+fn small_files_read_from_the_open_stay_fresh() {
+    require_fuse();
+    let dir = scratch("small-files-open");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
+    let (client, _runtime) = native(&node);
+    let root = Caller::root();
+    let a = pattern(1, 0, 3000);
+    let b = pattern(2, 0, 3000);
+    std::fs::write(node.mount.join("small"), &a).unwrap();
+
+    let ino = client.lookup(&root, ROOT_INO, b"small").unwrap().ino;
+    let mask = (libc::R_OK | libc::W_OK) as u32;
+    let (fh, attr) = client.open(&root, ino, mask).unwrap();
+    assert_eq!(attr.size, 3000);
+    assert!(attr.layout.is_none(), "3000 bytes live inside the inode");
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), a);
+    assert_eq!(client.read(fh, 100, 50).unwrap(), a[100..150]);
+    client.release(fh).unwrap();
+
+    // Another client (the mount) writes and closes: the next open here sees it.
+    std::fs::write(node.mount.join("small"), &b).unwrap();
+    let (fh, _) = client.open(&root, ino, mask).unwrap();
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), b, "a new open fetches fresh bytes");
+
+    // Our own write shows at once through the same handle.
+    client.write(fh, 10, b"XYZ").unwrap();
+    let mut expected = b.clone();
+    expected[10..13].copy_from_slice(b"XYZ");
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), expected);
+    // And so does a truncate.
+    client.setattr(&root, ino, SetAttr { size: Some(20), ..Default::default() }).unwrap();
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), expected[..20]);
+    client.release(fh).unwrap();
+
+    // Growing past the inline limit moves the file to chunks; reads follow.
+    let (fh, _) = client.open(&root, ino, mask).unwrap();
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), expected[..20]);
+    let big = pattern(3, 0, 10_000);
+    client.write(fh, 0, &big).unwrap();
+    let got = client.read(fh, 0, 20_000).unwrap();
+    if got != big {
+        let first = got.iter().zip(&big).position(|(a, b)| a != b);
+        let p1 = pattern(1, 0, 10_000);
+        let p2 = pattern(2, 0, 10_000);
+        panic!(
+            "read {} bytes, first difference at {first:?}; got[0..8]={:?} big={:?} p1={:?} p2={:?} expected20={:?}",
+            got.len(),
+            &got[..8],
+            &big[..8],
+            &p1[..8],
+            &p2[..8],
+            &expected[..8]
+        );
+    }
+    client.release(fh).unwrap();
+    // The mount caches attributes for 1 s; past that it sees the other client's close.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(std::fs::read(node.mount.join("small")).unwrap().len(), big.len());
+    assert_eq!(std::fs::read(node.mount.join("small")).unwrap(), big);
+
+    // A file created here has no security.capability (answered without asking) until an
+    // attribute is set on it; then the real value is read.
+    let (fh, attr) = client.create_open(&root, ROOT_INO, b"fresh", 0o644, true).unwrap();
+    let cap = b"security.capability";
+    assert_eq!(client.getxattr(&root, attr.ino, cap), Err(FsStatus::NoData));
+    client.setxattr(&root, attr.ino, cap, b"\x01\x00\x00\x02", XattrSetMode::Any).unwrap();
+    assert_eq!(client.getxattr(&root, attr.ino, cap).unwrap(), b"\x01\x00\x00\x02");
+    client.release(fh).unwrap();
+}
