@@ -59,9 +59,6 @@ pub(crate) struct InodeState {
     /// reads are served from it (close-to-open: another client's writes show at the next
     /// open). Dropped by every write, truncate or spill.
     pub inline: Option<Vec<u8>>,
-    /// This client created the file and has set no extended attribute on it since, so it
-    /// has no `security.capability` (the one the kernel asks for before every write).
-    pub created_here: bool,
 }
 
 impl InodeData {
@@ -108,7 +105,6 @@ impl OpenFiles {
                         next_sequential: 0,
                         sequential_hits: 0,
                         inline: None,
-                        created_here: false,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
@@ -147,28 +143,6 @@ impl OpenFiles {
         let file = Arc::new(OpenFile { ino: attr.ino, inode });
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, file);
         fh
-    }
-
-    /// Notes that `ino` was just created by this client (see [`InodeState::created_here`]).
-    pub fn created(&self, ino: Ino) {
-        if let Some(inode) = self.inode(ino) {
-            inode.state().created_here = true;
-        }
-    }
-
-    /// Whether `ino` is open here since this client created it, with no xattr set since.
-    pub fn created_here(&self, ino: Ino) -> bool {
-        self.inode(ino).is_some_and(|inode| {
-            let state = inode.state();
-            state.opens > 0 && state.created_here
-        })
-    }
-
-    /// An extended attribute of `ino` changed (here): forget what was known about them.
-    pub fn xattrs_changed(&self, ino: Ino) {
-        if let Some(inode) = self.inode(ino) {
-            inode.state().created_here = false;
-        }
     }
 
     pub fn get(&self, fh: FileHandleId) -> FsResult<Arc<OpenFile>> {

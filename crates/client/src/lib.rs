@@ -202,9 +202,6 @@ impl Client {
             // A new file is empty: its (no) bytes are known.
             MetaReply::Open { attr, .. } => {
                 let fh = self.inner.files.open(&attr, Some(Vec::new()));
-                if attr.size == 0 {
-                    self.inner.files.created(attr.ino);
-                }
                 Ok((fh, self.inner.files.overlay(attr)))
             }
             other => Err(unexpected(&other)),
@@ -371,12 +368,7 @@ impl Client {
         flushed
     }
 
-    /// `security.capability` of a file this client created and still holds open is answered
-    /// here (it has none): the kernel asks for it before every write.
     pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        if name == b"security.capability" && self.inner.files.created_here(ino) {
-            return Err(FsStatus::NoData);
-        }
         match self.meta(MetaRequest::GetXattr {
             caller: caller.clone(),
             ino,
@@ -395,7 +387,6 @@ impl Client {
         value: &[u8],
         mode: XattrSetMode,
     ) -> FsResult<()> {
-        self.inner.files.xattrs_changed(ino);
         self.meta(MetaRequest::SetXattr {
             caller: caller.clone(),
             ino,

@@ -8,9 +8,8 @@ mod support;
 use std::net::SocketAddr;
 
 use stria_client::{Client, ClientConfig};
-use stria_proto::fs::FsStatus;
 use stria_proto::fs::{ROOT_INO, TargetId};
-use stria_proto::wire::{Caller, SetAttr, XattrSetMode};
+use stria_proto::wire::{Caller, SetAttr};
 use support::node::{Node, pattern, require_fuse, scratch};
 
 fn native(node: &Node) -> (Client, tokio::runtime::Runtime) {
@@ -88,13 +87,4 @@ fn small_files_read_from_the_open_stay_fresh() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap().len(), big.len());
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap(), big);
-
-    // A file created here has no security.capability (answered without asking) until an
-    // attribute is set on it; then the real value is read.
-    let (fh, attr) = client.create_open(&root, ROOT_INO, b"fresh", 0o644, true).unwrap();
-    let cap = b"security.capability";
-    assert_eq!(client.getxattr(&root, attr.ino, cap), Err(FsStatus::NoData));
-    client.setxattr(&root, attr.ino, cap, b"\x01\x00\x00\x02", XattrSetMode::Any).unwrap();
-    assert_eq!(client.getxattr(&root, attr.ino, cap).unwrap(), b"\x01\x00\x00\x02");
-    client.release(fh).unwrap();
 }
