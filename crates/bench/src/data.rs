@@ -235,6 +235,25 @@ fn round_to_block(bytes: u64, block: usize) -> u64 {
     (bytes / block as u64).max(1) * block as u64
 }
 
+/// Runs `write` (a write phase), then the same pass reading, with caches dropped between
+/// (IOR's and IOzone's order); Ctrl-C after the write skips the read.
+fn write_then_read(
+    ctx: &RunContext,
+    target: &dyn Target,
+    mut phase: DataPhase<'_>,
+    result: &mut RunResult,
+) -> io::Result<()> {
+    result.push(phase.run(ctx, target)?);
+    if ctx.interrupted() {
+        return Ok(());
+    }
+    drop_caches(target, phase.files)?;
+    phase.name = "read".into();
+    phase.op = Op::Read;
+    result.push(phase.run(ctx, target)?);
+    Ok(())
+}
+
 /// `seq`: N threads each write then read their own file (IOzone/IOR N-N).
 #[derive(Clone, Debug, Serialize)]
 pub struct SeqConfig {
@@ -252,7 +271,7 @@ pub fn seq(ctx: &RunContext, target: &dyn Target, c: &SeqConfig) -> io::Result<R
     in_workdir(target, &mut result, |dir, result, files| {
         files.extend((0..c.threads).map(|t| dir.path(&format!("t{t}"))));
         create_files(target, files, file_bytes)?;
-        let mut phase = DataPhase {
+        let phase = DataPhase {
             name: "write".into(),
             files,
             file_bytes,
@@ -266,15 +285,7 @@ pub fn seq(ctx: &RunContext, target: &dyn Target, c: &SeqConfig) -> io::Result<R
             fsync: c.fsync,
             verify: c.verify,
         };
-        result.push(phase.run(ctx, target)?);
-        if ctx.interrupted() {
-            return Ok(());
-        }
-        drop_caches(target, files)?;
-        phase.name = "read".into();
-        phase.op = Op::Read;
-        result.push(phase.run(ctx, target)?);
-        Ok(())
+        write_then_read(ctx, target, phase, result)
     })?;
     result.checks.verified = c.verify;
     Ok(result)
@@ -300,7 +311,7 @@ pub fn shared(ctx: &RunContext, target: &dyn Target, c: &SharedConfig) -> io::Re
     in_workdir(target, &mut result, |dir, result, files| {
         files.push(dir.path("shared"));
         create_files(target, files, file_bytes)?;
-        let mut phase = DataPhase {
+        let phase = DataPhase {
             name: "write".into(),
             files,
             file_bytes,
@@ -314,15 +325,7 @@ pub fn shared(ctx: &RunContext, target: &dyn Target, c: &SharedConfig) -> io::Re
             fsync: c.fsync,
             verify: c.verify,
         };
-        result.push(phase.run(ctx, target)?);
-        if ctx.interrupted() {
-            return Ok(());
-        }
-        drop_caches(target, files)?;
-        phase.name = "read".into();
-        phase.op = Op::Read;
-        result.push(phase.run(ctx, target)?);
-        Ok(())
+        write_then_read(ctx, target, phase, result)
     })?;
     result.checks.verified = c.verify;
     Ok(result)

@@ -191,16 +191,12 @@ impl Timing {
     }
 }
 
+/// What the random-access workloads (`random`, `mix`, `corners`) share.
 #[derive(Args, Debug, Clone)]
-struct RandomArgs {
-    #[command(flatten)]
-    common: CommonArgs,
+struct RandomIoArgs {
     /// Size of each thread's file.
     #[arg(long, default_value = "1G", value_parser = size)]
     file_size: u64,
-    /// Bytes per request.
-    #[arg(long = "bs", default_value = "4K", value_parser = bytes)]
-    block_size: usize,
     /// Requests in flight per thread (each from its own worker with its own open file).
     #[arg(long, default_value_t = 1)]
     iodepth: usize,
@@ -212,6 +208,17 @@ struct RandomArgs {
     /// Seed of the random offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+struct RandomArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    io: RandomIoArgs,
+    /// Bytes per request.
+    #[arg(long = "bs", default_value = "4K", value_parser = bytes)]
+    block_size: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -242,46 +249,22 @@ struct MetaArgs {
 struct MixArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Size of each thread's file.
-    #[arg(long, default_value = "1G", value_parser = size)]
-    file_size: u64,
+    #[command(flatten)]
+    io: RandomIoArgs,
     /// Bytes per request.
     #[arg(long = "bs", default_value = "4K", value_parser = bytes)]
     block_size: usize,
-    /// Requests in flight per thread (each from its own worker with its own open file).
-    #[arg(long, default_value_t = 1)]
-    iodepth: usize,
     /// Read shares to measure, in percent.
     #[arg(long, value_delimiter = ',', default_value = "100,75,50,25,0")]
     read_percents: Vec<u32>,
-    #[command(flatten)]
-    duration: Timing,
-    /// Check every byte read against what was written.
-    #[arg(long)]
-    verify: bool,
-    /// Seed of the random offsets.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
 }
 
 #[derive(Args, Debug, Clone)]
 struct CornersArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Size of each thread's file.
-    #[arg(long, default_value = "1G", value_parser = size)]
-    file_size: u64,
-    /// Requests in flight per thread (each from its own worker with its own open file).
-    #[arg(long, default_value_t = 1)]
-    iodepth: usize,
     #[command(flatten)]
-    duration: Timing,
-    /// Check every byte read against what was written.
-    #[arg(long)]
-    verify: bool,
-    /// Seed of the random offsets.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    io: RandomIoArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -366,16 +349,16 @@ impl WorkloadCommand {
                 verify: a.verify,
             }),
             WorkloadCommand::Random(a) => {
-                let (seconds, ops_per_worker) = a.duration.split();
+                let (seconds, ops_per_worker) = a.io.duration.split();
                 Workload::Random(RandomConfig {
                     threads,
-                    file_bytes: a.file_size,
+                    file_bytes: a.io.file_size,
                     block_bytes: a.block_size,
-                    queue_depth: positive(a.iodepth, "--iodepth")?,
+                    queue_depth: positive(a.io.iodepth, "--iodepth")?,
                     seconds,
                     ops_per_worker,
-                    verify: a.verify,
-                    seed: a.seed,
+                    verify: a.io.verify,
+                    seed: a.io.seed,
                 })
             }
             WorkloadCommand::Meta(a) => {
@@ -396,29 +379,29 @@ impl WorkloadCommand {
                 if let Some(p) = a.read_percents.iter().find(|p| **p > 100) {
                     return Err(usage(format!("--read-percents: {p} is over 100")));
                 }
-                let (seconds, ops_per_worker) = a.duration.split();
+                let (seconds, ops_per_worker) = a.io.duration.split();
                 Workload::Mix(MixConfig {
                     threads,
-                    file_bytes: a.file_size,
+                    file_bytes: a.io.file_size,
                     block_bytes: a.block_size,
-                    queue_depth: positive(a.iodepth, "--iodepth")?,
+                    queue_depth: positive(a.io.iodepth, "--iodepth")?,
                     read_percents: a.read_percents.clone(),
                     seconds,
                     ops_per_worker,
-                    verify: a.verify,
-                    seed: a.seed,
+                    verify: a.io.verify,
+                    seed: a.io.seed,
                 })
             }
             WorkloadCommand::Corners(a) => {
-                let (seconds, ops_per_worker) = a.duration.split();
+                let (seconds, ops_per_worker) = a.io.duration.split();
                 Workload::Corners(CornersConfig {
                     threads,
-                    file_bytes: a.file_size,
-                    queue_depth: positive(a.iodepth, "--iodepth")?,
+                    file_bytes: a.io.file_size,
+                    queue_depth: positive(a.io.iodepth, "--iodepth")?,
                     seconds,
                     ops_per_worker,
-                    verify: a.verify,
-                    seed: a.seed,
+                    verify: a.io.verify,
+                    seed: a.io.seed,
                 })
             }
             WorkloadCommand::Frames(a) => Workload::Frames(FramesConfig {
