@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::http::{Api, request};
@@ -19,15 +19,7 @@ const FILE_BYTES: usize = 24 << 20;
 
 /// Waits until `check` holds on a fresh GET of `path`.
 fn eventually(api: &Api, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let value = api.get(path);
-        if check(&value) {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what} not seen within 120 s: {value}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    api.eventually(path, what, Duration::from_secs(120), check)
 }
 
 fn optimal(api: &Api) -> Value {

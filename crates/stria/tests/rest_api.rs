@@ -7,7 +7,7 @@
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::http::{Api, request};
@@ -17,15 +17,7 @@ const MIB: u64 = 1 << 20;
 
 /// Waits until `check` holds on a fresh GET of `path`.
 fn eventually(api: &Api, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let value = api.get(path);
-        if check(&value) {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what} not seen within 30 s: {value}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    api.eventually(path, what, Duration::from_secs(30), check)
 }
 
 fn kinds(events: &Value) -> Vec<String> {

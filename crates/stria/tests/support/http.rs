@@ -133,4 +133,27 @@ impl Api {
     pub fn get(&self, path: &str) -> serde_json::Value {
         self.ok("GET", path, None, 200)
     }
+
+    /// Waits up to `within` until `check` holds on a fresh GET of `path`; `what` names it in
+    /// the failure.
+    pub fn eventually(
+        &self,
+        path: &str,
+        what: &str,
+        within: std::time::Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let value = self.get(path);
+            if check(&value) {
+                return value;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} not seen within {within:?}: {value}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
 }
