@@ -182,6 +182,11 @@ impl Meta {
         Ok(())
     }
 
+    /// How mutations are committed.
+    pub fn commit_mode(&self) -> Commit {
+        self.options.commit
+    }
+
     /// Makes every committed mutation durable (for [`Commit::Lazy`]).
     pub fn sync(&self) -> Result<()> {
         let mut txn = self.db.begin_write()?;
