@@ -7,13 +7,15 @@
 # Needs root (FUSE, the peers' daemons) and a release build (cargo build --release -p stria).
 # Env: STRIA (binary), PEERS (names for peers.sh; default "ext4 moosefs passthrough juicefs
 # glusterfs"; one that does not come up is left out and said so), THREADS (largest count, 4),
-# OUT (docs/results/peers), SCALE (1: the sizes below; 2 doubles them, ...).
+# OUT (docs/results/peers), SCALE (1: the sizes below; 2 doubles them, ...), WORKLOADS (which
+# sweeps, default "seq shared random meta").
 set -u
 cd "$(dirname "$0")/.."
 S=${STRIA:-target/release/stria}
 PEERS_SH=${PEERS_SH:-../shared/tools/peers.sh}
 PEERS=${PEERS:-"ext4 moosefs passthrough juicefs glusterfs"}
 T=${THREADS:-4} OUT=${OUT:-docs/results/peers} SCALE=${SCALE:-1}
+WORKLOADS=${WORKLOADS:-"seq shared random meta"}
 DATA=/var/tmp/stria-bench-peers
 mkdir -p "$OUT"
 
@@ -39,6 +41,7 @@ targets+=(--native --data "$DATA")
 
 sweep() {  # sweep WORKLOAD ARGS...
   local w=$1; shift
+  case " $WORKLOADS " in *" $w "*) ;; *) return 0 ;; esac
   echo "== stria bench sweep $w -t $T $* (targets: ${targets[*]})" | tee "$OUT/$w.txt"
   "$S" bench sweep "$w" -t "$T" "${targets[@]}" "$@" --no-progress \
     --charts "$OUT" --json "$OUT/$w.json" | tee -a "$OUT/$w.txt"
