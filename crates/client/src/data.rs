@@ -2,6 +2,7 @@
 //! queue writes behind, prefetch ahead of sequential readers.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use stria_proto::fs::{ChunkId, FileLayout, FsStatus, INLINE_DATA_MAX, Ino, ObjectId, TargetId};
@@ -11,7 +12,7 @@ use stria_proto::wire::{
 };
 use tokio::task::JoinSet;
 
-use crate::files::{InodeData, OpenFile, Prefetch};
+use crate::files::{InFlight, InodeData, OpenFile, Prefetch};
 use crate::transport::StorageConns;
 use crate::{FsResult, Inner, unexpected};
 
@@ -87,6 +88,29 @@ pub(crate) async fn write(
         }
         None => spill(inner, inode).await?,
     };
+    // Writes overlapping this one that are still in flight go first (see `InFlight`).
+    let done = loop {
+        let waits: Vec<_> = {
+            let mut state = inode.state();
+            state.in_flight.retain(|w| !w.finished());
+            let waits: Vec<_> = state
+                .in_flight
+                .iter()
+                .filter(|w| w.start < end && offset < w.end)
+                .map(|w| w.done.clone())
+                .collect();
+            if waits.is_empty() {
+                let (done, receiver) = tokio::sync::watch::channel(());
+                state.in_flight.push(InFlight { start: offset, end, done: receiver });
+                break Arc::new(done);
+            }
+            waits
+        };
+        for mut wait in waits {
+            // Err means the sender is gone: that write finished.
+            let _ = wait.changed().await;
+        }
+    };
     for piece in pieces(layout.chunk_bytes, offset, bytes.len() as u64) {
         let start = piece.offset_in_range;
         let data = Bytes::copy_from_slice(&bytes[start..start + piece.len as usize]);
@@ -105,11 +129,14 @@ pub(crate) async fn write(
         };
         let storage = inner.storage.clone();
         let inode = inode.clone();
+        let done = done.clone();
         tokio::spawn(async move {
             if let Err(error) = storage.chunk_write(request, data).await {
                 inode.state().write_error.get_or_insert(error);
             }
             drop(permit);
+            // The last piece's drop closes the channel: overlapping writes may go.
+            drop(done);
         });
     }
     let mut state = inode.state();

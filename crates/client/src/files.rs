@@ -59,6 +59,24 @@ pub(crate) struct InodeState {
     /// reads are served from it (close-to-open: another client's writes show at the next
     /// open). Dropped by every write, truncate or spill.
     pub inline: Option<Vec<u8>>,
+    /// Byte ranges of queued chunk writes still in flight. A write that overlaps one waits
+    /// for it before it is sent, so overlapping writes reach the targets in the order they
+    /// were made (independent requests may otherwise overtake each other).
+    pub in_flight: Vec<InFlight>,
+}
+
+/// A queued write's range; the receiver closes when the write has finished.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    pub start: u64,
+    pub end: u64,
+    pub done: tokio::sync::watch::Receiver<()>,
+}
+
+impl InFlight {
+    pub fn finished(&self) -> bool {
+        self.done.has_changed().is_err()
+    }
 }
 
 impl InodeData {
@@ -105,6 +123,7 @@ impl OpenFiles {
                         next_sequential: 0,
                         sequential_hits: 0,
                         inline: None,
+                        in_flight: Vec::new(),
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,

@@ -130,8 +130,12 @@ impl Client {
     /// Changes attributes; a size change waits for queued writes and trims or removes the
     /// chunks past the new end.
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> FsResult<Attr> {
+        // The size this client's handles know, written but perhaps not yet published: chunks
+        // up to it may hold data the metadata service's old size does not cover.
+        let mut local_size = 0;
         if let Some(size) = set.size {
             self.block(data::drain(&self.inner, ino))?;
+            local_size = self.inner.files.inode(ino).map_or(0, |inode| inode.state().size);
             if size > stria_proto::fs::INLINE_DATA_MAX as u64 {
                 let attr = self.getattr(ino)?;
                 if attr.kind == FileKind::File && attr.layout.is_none() {
@@ -147,7 +151,7 @@ impl Client {
                 other => return Err(unexpected(&other)),
             };
         if truncating
-            && attr.size < old_size
+            && attr.size < old_size.max(local_size)
             && let Some(layout) = &attr.layout
         {
             self.block(data::trim(&self.inner, ino, layout, attr.size))?;
