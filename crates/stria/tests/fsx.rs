@@ -5,7 +5,8 @@
 //!
 //! The CI run is short. For long runs (hours):
 //!   STRIA_FSX_OPS=2000000 cargo test -p stria --test fsx -- --nocapture
-//! and to replay a failure, STRIA_FSX_SEED=<the seed it printed>.
+//! and to replay a failure, STRIA_FSX_SEED=<the seed it printed>. STRIA_FSX_WRITEBACK=1 runs
+//! it on a mount with the kernel's writeback cache (`stria up --writeback-cache`).
 
 mod support;
 
@@ -142,7 +143,12 @@ fn random_file_operations_match_a_model() {
     let ops: u64 = std::env::var("STRIA_FSX_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
     println!("fsx: seed {seed}, {ops} operations (replay with STRIA_FSX_SEED={seed})");
     let dir = scratch("fsx");
-    let node = Node::start(&dir, &["--drives", "4", "--drive-size", "256M", "--raid", "5"]);
+    let mut args = vec!["--drives", "4", "--drive-size", "256M", "--raid", "5"];
+    if std::env::var_os("STRIA_FSX_WRITEBACK").is_some() {
+        args.push("--writeback-cache");
+        println!("fsx: on a mount with the writeback cache");
+    }
+    let node = Node::start(&dir, &args);
     let mut rng = Rng(seed);
     let mut log = Log(Vec::new());
     let mut subjects: Vec<Subject> = (0..FILES)
