@@ -35,7 +35,7 @@ Caches: by default data files use O_DIRECT where the transfers allow it; otherwi
 file is fsynced and its cached pages dropped before it is read back. The report says what \
 was done for each target and phase.\n\n\
 Examples:\n  stria bench seq --path /mnt/stria --threads 4 --file-size 1G\n  \
-stria bench sweep --threads 16 random --path /mnt/stria --compare /mnt/ext4 --charts out/\n  \
+stria bench sweep random --threads 16 --path /mnt/stria --compare /mnt/ext4 --charts out/\n  \
 stria bench meta --native --data stria-data --files 65536 --file-size 4K\n  \
 stria bench io500 --path /mnt/stria --threads 4"
 )]

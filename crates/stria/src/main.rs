@@ -224,6 +224,28 @@ mod tests {
     }
 
     #[test]
+    fn the_bench_examples_of_the_help_and_readme_parse() {
+        let help = Cli::command()
+            .find_subcommand("bench")
+            .and_then(|c| c.get_long_about().map(|a| a.to_string()))
+            .unwrap_or_default();
+        let readme = include_str!("../../../README.md");
+        let examples: Vec<&str> = help
+            .lines()
+            .chain(readme.lines())
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| l.starts_with("stria bench ") && !l.contains('|') && !l.contains("..."))
+            .collect();
+        assert!(examples.len() >= 8, "examples found: {examples:?}");
+        for example in examples {
+            let args: Vec<&str> = example.split_whitespace().collect();
+            if let Err(e) = Cli::try_parse_from(&args) {
+                panic!("`{example}` does not parse: {e}");
+            }
+        }
+    }
+
+    #[test]
     fn clap_errors_fold_into_one_line() {
         let rendered = "error: the following required arguments were not provided:\n  --slot <SLOT>\n\nUsage: stria raid fail --slot <SLOT> <DRIVE>...\n\nFor more information, try '--help'.\n";
         assert_eq!(
