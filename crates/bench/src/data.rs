@@ -57,6 +57,35 @@ pub struct DataPhase<'a> {
     pub verify: bool,
 }
 
+impl<'a> DataPhase<'a> {
+    /// One sequential pass writing `files` front to back (IOR/IOzone style, MiB/s, one
+    /// request in flight per thread, no fsync, no verification): the fields a streaming phase
+    /// shares, for the others to be set with struct update syntax.
+    pub fn pass(
+        name: &str,
+        files: &'a [String],
+        file_bytes: u64,
+        block: usize,
+        threads: usize,
+        access: Access,
+    ) -> DataPhase<'a> {
+        DataPhase {
+            name: name.into(),
+            files,
+            file_bytes,
+            block,
+            queue_depth: 1,
+            threads,
+            op: Op::Write,
+            access,
+            unit: Unit::Bytes,
+            duration: None,
+            fsync: false,
+            verify: false,
+        }
+    }
+}
+
 impl DataPhase<'_> {
     fn workers(&self) -> usize {
         match self.access {
@@ -66,7 +95,7 @@ impl DataPhase<'_> {
     }
 
     fn aligned(&self) -> bool {
-        self.block % ALIGN_BYTES == 0 && self.file_bytes % ALIGN_BYTES as u64 == 0
+        self.block.is_multiple_of(ALIGN_BYTES) && self.file_bytes.is_multiple_of(ALIGN_BYTES as u64)
     }
 
     fn expected(&self) -> Option<u64> {
@@ -271,20 +300,15 @@ pub fn seq(ctx: &RunContext, target: &dyn Target, c: &SeqConfig) -> io::Result<R
     in_workdir(target, &mut result, |dir, result, files| {
         files.extend((0..c.threads).map(|t| dir.path(&format!("t{t}"))));
         create_files(target, files, file_bytes)?;
-        let phase = DataPhase {
-            name: "write".into(),
+        let pass = DataPhase::pass(
+            "write",
             files,
             file_bytes,
-            block: c.transfer_bytes,
-            queue_depth: 1,
-            threads: c.threads,
-            op: Op::Write,
-            access: Access::Sequential,
-            unit: Unit::Bytes,
-            duration: None,
-            fsync: c.fsync,
-            verify: c.verify,
-        };
+            c.transfer_bytes,
+            c.threads,
+            Access::Sequential,
+        );
+        let phase = DataPhase { fsync: c.fsync, verify: c.verify, ..pass };
         write_then_read(ctx, target, phase, result)
     })?;
     result.checks.verified = c.verify;
@@ -311,20 +335,9 @@ pub fn shared(ctx: &RunContext, target: &dyn Target, c: &SharedConfig) -> io::Re
     in_workdir(target, &mut result, |dir, result, files| {
         files.push(dir.path("shared"));
         create_files(target, files, file_bytes)?;
-        let phase = DataPhase {
-            name: "write".into(),
-            files,
-            file_bytes,
-            block: c.transfer_bytes,
-            queue_depth: 1,
-            threads: c.threads,
-            op: Op::Write,
-            access: if c.strided { Access::Strided } else { Access::Segmented },
-            unit: Unit::Bytes,
-            duration: None,
-            fsync: c.fsync,
-            verify: c.verify,
-        };
+        let access = if c.strided { Access::Strided } else { Access::Segmented };
+        let pass = DataPhase::pass("write", files, file_bytes, c.transfer_bytes, c.threads, access);
+        let phase = DataPhase { fsync: c.fsync, verify: c.verify, ..pass };
         write_then_read(ctx, target, phase, result)
     })?;
     result.checks.verified = c.verify;
@@ -354,20 +367,9 @@ fn prepare<'a>(
     threads: usize,
     verify: bool,
 ) -> DataPhase<'a> {
-    DataPhase {
-        name: "prepare".into(),
-        files,
-        file_bytes,
-        block: (1 << 20).min(file_bytes as usize),
-        queue_depth: 1,
-        threads,
-        op: Op::Write,
-        access: Access::Sequential,
-        unit: Unit::Bytes,
-        duration: None,
-        fsync: false,
-        verify,
-    }
+    let block = (1 << 20).min(file_bytes as usize);
+    let pass = DataPhase::pass("prepare", files, file_bytes, block, threads, Access::Sequential);
+    DataPhase { verify, ..pass }
 }
 
 fn seconds(s: Option<f64>) -> Option<Duration> {

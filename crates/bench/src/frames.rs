@@ -64,8 +64,8 @@ fn run_streams(
         target.mkdir(&dir.path(&format!("s{s}")))?;
     }
     let transfer = c.transfer_bytes.min(c.frame_bytes).max(1);
-    let aligned = transfer % crate::common::ALIGN_BYTES == 0
-        && c.frame_bytes % crate::common::ALIGN_BYTES == 0;
+    let aligned = transfer.is_multiple_of(crate::common::ALIGN_BYTES)
+        && c.frame_bytes.is_multiple_of(crate::common::ALIGN_BYTES);
     // How many frames each stream wrote (all unless interrupted); reads and removal use it.
     let written: Vec<AtomicU64> = (0..c.streams).map(|_| AtomicU64::new(0)).collect();
     for (phase, write) in [("write", true), ("read", false)] {

@@ -144,81 +144,58 @@ fn run(
             target.open(f, mode)?.close()?;
         }
     }
-    let ior = |name: &str, hard: bool, op: Op| DataPhase {
-        name: name.into(),
-        files: if hard { &hard_files } else { &easy_files },
-        file_bytes: if hard { hard_bytes } else { easy_bytes },
-        block: if hard { IOR_HARD_TRANSFER_BYTES } else { IOR_EASY_TRANSFER_BYTES },
-        queue_depth: 1,
-        threads: c.threads,
-        op,
-        access: if hard { Access::Strided } else { Access::Sequential },
-        unit: Unit::Bytes,
-        duration: None,
-        fsync: true,
-        verify: c.verify,
+    let ior = |name: &str, hard: bool, op: Op| {
+        let pass = if hard {
+            DataPhase::pass(
+                name,
+                &hard_files,
+                hard_bytes,
+                IOR_HARD_TRANSFER_BYTES,
+                c.threads,
+                Access::Strided,
+            )
+        } else {
+            DataPhase::pass(
+                name,
+                &easy_files,
+                easy_bytes,
+                IOR_EASY_TRANSFER_BYTES,
+                c.threads,
+                Access::Sequential,
+            )
+        };
+        DataPhase { op, fsync: true, verify: c.verify, ..pass }
     };
     let drop_all = |files: &[String]| files.iter().try_for_each(|f| target.drop_cache(f));
 
-    // Each step runs unless the user interrupted; removal steps always run.
-    let mut steps: Vec<(&str, Box<dyn Fn() -> io::Result<PhaseResult> + '_>)> = Vec::new();
-    steps.push((
-        "ior-easy-write",
-        Box::new(|| ior("ior-easy-write", false, Op::Write).run(ctx, target)),
-    ));
-    steps.push((
-        "mdtest-easy-write",
-        Box::new(|| easy_tree.phase(ctx, target, "create", "mdtest-easy-write")),
-    ));
-    steps.push((
-        "ior-hard-write",
-        Box::new(|| ior("ior-hard-write", true, Op::Write).run(ctx, target)),
-    ));
-    steps.push((
-        "mdtest-hard-write",
-        Box::new(|| hard_tree.phase(ctx, target, "create", "mdtest-hard-write")),
-    ));
-    steps.push(("find", Box::new(|| find(ctx, target, &dir.root))));
-    steps.push((
-        "ior-easy-read",
-        Box::new(|| {
-            drop_all(&easy_files)?;
-            ior("ior-easy-read", false, Op::Read).run(ctx, target)
-        }),
-    ));
-    steps.push((
-        "mdtest-easy-stat",
-        Box::new(|| easy_tree.phase(ctx, target, "stat", "mdtest-easy-stat")),
-    ));
-    steps.push((
-        "ior-hard-read",
-        Box::new(|| {
-            drop_all(&hard_files)?;
-            ior("ior-hard-read", true, Op::Read).run(ctx, target)
-        }),
-    ));
-    steps.push((
-        "mdtest-hard-stat",
-        Box::new(|| hard_tree.phase(ctx, target, "stat", "mdtest-hard-stat")),
-    ));
-    steps.push((
-        "mdtest-easy-delete",
-        Box::new(|| easy_tree.phase(ctx, target, "remove", "mdtest-easy-delete")),
-    ));
-    steps.push((
-        "mdtest-hard-read",
-        Box::new(|| hard_tree.phase(ctx, target, "read", "mdtest-hard-read")),
-    ));
-    steps.push((
-        "mdtest-hard-delete",
-        Box::new(|| hard_tree.phase(ctx, target, "remove", "mdtest-hard-delete")),
-    ));
-    for (name, step) in &steps {
-        if ctx.interrupted() && !name.ends_with("-delete") {
-            continue;
+    // Each phase runs unless the user interrupted; removal phases always run (the tree's
+    // `remove` phase ignores Ctrl-C itself).
+    let mut run = |name: &str, phase: &dyn Fn(&str) -> io::Result<PhaseResult>| {
+        if !ctx.interrupted() || name.ends_with("-delete") {
+            result.push(phase(name)?);
         }
-        result.push(step()?);
-    }
+        io::Result::Ok(())
+    };
+    let ior_easy = |op: Op| move |name: &str| ior(name, false, op).run(ctx, target);
+    let ior_hard = |op: Op| move |name: &str| ior(name, true, op).run(ctx, target);
+    run("ior-easy-write", &ior_easy(Op::Write))?;
+    run("mdtest-easy-write", &|name| easy_tree.phase(ctx, target, "create", name))?;
+    run("ior-hard-write", &ior_hard(Op::Write))?;
+    run("mdtest-hard-write", &|name| hard_tree.phase(ctx, target, "create", name))?;
+    run("find", &|_| find(ctx, target, &dir.root))?;
+    run("ior-easy-read", &|name| {
+        drop_all(&easy_files)?;
+        ior_easy(Op::Read)(name)
+    })?;
+    run("mdtest-easy-stat", &|name| easy_tree.phase(ctx, target, "stat", name))?;
+    run("ior-hard-read", &|name| {
+        drop_all(&hard_files)?;
+        ior_hard(Op::Read)(name)
+    })?;
+    run("mdtest-hard-stat", &|name| hard_tree.phase(ctx, target, "stat", name))?;
+    run("mdtest-easy-delete", &|name| easy_tree.phase(ctx, target, "remove", name))?;
+    run("mdtest-hard-read", &|name| hard_tree.phase(ctx, target, "read", name))?;
+    run("mdtest-hard-delete", &|name| hard_tree.phase(ctx, target, "remove", name))?;
     result.checks.files_created =
         easy_tree.created() + hard_tree.created() + easy_files.len() as u64 + 1;
     let mut removed = 0;

@@ -189,6 +189,19 @@ impl PosixFile {
         self.direct = false;
         Ok(true)
     }
+
+    fn read_fully(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(short_read(offset, buf.len(), done)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 impl DataFile for PosixFile {
@@ -216,21 +229,6 @@ impl DataFile for PosixFile {
         // SAFETY: we own `fd` (taken out of the File) and close it exactly once.
         if unsafe { libc::close(fd) } != 0 {
             return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
-
-impl PosixFile {
-    fn read_fully(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => return Err(short_read(offset, buf.len(), done)),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
         }
         Ok(())
     }
