@@ -117,7 +117,7 @@ impl Target for NativeTarget {
         let (fh, size) = if mode.create {
             self.in_dir(path, "create", |p, n| {
                 // The benchmark's files are new; an existing one is truncated as O_TRUNC does.
-                match self.client.create_open(&self.caller, p, n, 0o644, false) {
+                match self.client.create_open(&self.caller, p, n, 0o644, false, libc::W_OK as u32) {
                     Ok((fh, attr)) if attr.size > 0 => {
                         let set =
                             stria_proto::wire::SetAttr { size: Some(0), ..Default::default() };

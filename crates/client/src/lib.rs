@@ -46,9 +46,13 @@ pub struct ClientConfig {
     pub write_behind_bytes: usize,
     /// How far ahead of a sequential reader chunks are fetched.
     pub readahead_bytes: usize,
+    /// The cluster secret proven to every service (`DATA/cluster-secret` of the node);
+    /// `None` only for services that run without one.
+    pub secret: Option<stria_rpc::ClusterSecret>,
 }
 
 impl ClientConfig {
+    /// A configuration without a cluster secret (see [`ClientConfig::with_secret`]).
     pub fn new(meta: SocketAddr, targets: Vec<(TargetId, SocketAddr)>) -> ClientConfig {
         ClientConfig {
             meta,
@@ -56,7 +60,12 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(30),
             write_behind_bytes: 64 << 20,
             readahead_bytes: 8 << 20,
+            secret: None,
         }
+    }
+
+    pub fn with_secret(self, secret: stria_rpc::ClusterSecret) -> ClientConfig {
+        ClientConfig { secret: Some(secret), ..self }
     }
 }
 
@@ -98,8 +107,9 @@ struct Inner {
 impl Client {
     /// Connects lazily: the first request to each service opens its connection.
     pub fn new(runtime: Handle, config: ClientConfig) -> Client {
-        let meta = MetaConn::new(config.meta, config.request_timeout);
-        let storage = StorageConns::new(&config.targets, config.request_timeout);
+        let meta = MetaConn::new(config.meta, config.request_timeout, config.secret.clone());
+        let storage =
+            StorageConns::new(&config.targets, config.request_timeout, config.secret.clone());
         let files = OpenFiles::new(config.write_behind_bytes);
         Client { inner: Arc::new(Inner { runtime, config, meta, storage, files }) }
     }
@@ -179,11 +189,13 @@ impl Client {
             mode,
             rdev,
             exclusive,
-            open: false,
+            open: None,
         })
     }
 
-    /// Creates a regular file and opens it, in one round trip (FUSE's create).
+    /// Creates a regular file and opens it for `mask` (`R_OK`/`W_OK` bits), in one round trip
+    /// (FUSE's create). Without `exclusive` a file another client made first is opened
+    /// instead, if `mask` is allowed on it; its size then tells it from a new one.
     pub fn create_open(
         &self,
         caller: &Caller,
@@ -191,6 +203,7 @@ impl Client {
         name: &[u8],
         mode: u32,
         exclusive: bool,
+        mask: u32,
     ) -> FsResult<(FileHandleId, Attr)> {
         let request = MetaRequest::Create {
             caller: caller.clone(),
@@ -200,12 +213,14 @@ impl Client {
             mode,
             rdev: 0,
             exclusive,
-            open: true,
+            open: Some(mask),
         };
         match self.meta(request)? {
-            // A new file is empty: its (no) bytes are known.
-            MetaReply::Open { attr, .. } => {
-                let fh = self.inner.files.open(&attr, Some(Vec::new()));
+            // An empty file's (no) bytes are known; one that already held bytes is read as
+            // any other.
+            MetaReply::Open { attr, inline } => {
+                let known = if attr.size == 0 { Some(Vec::new()) } else { inline };
+                let fh = self.inner.files.open(&attr, known);
                 Ok((fh, self.inner.files.overlay(attr)))
             }
             other => Err(unexpected(&other)),

@@ -14,6 +14,7 @@ use stria_proto::wire::{
     MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive,
     TargetInfo, TargetSync, meta_method, storage_method,
 };
+use stria_rpc::ClusterSecret;
 use tokio::sync::OnceCell;
 
 use crate::{DriveChangeError, FsResult};
@@ -23,12 +24,13 @@ use crate::{DriveChangeError, FsResult};
 struct Conn {
     addr: SocketAddr,
     timeout: Duration,
+    secret: Option<ClusterSecret>,
     client: OnceCell<stria_rpc::Client>,
 }
 
 impl Conn {
-    fn new(addr: SocketAddr, timeout: Duration) -> Conn {
-        Conn { addr, timeout, client: OnceCell::new() }
+    fn new(addr: SocketAddr, timeout: Duration, secret: Option<ClusterSecret>) -> Conn {
+        Conn { addr, timeout, secret, client: OnceCell::new() }
     }
 
     async fn call(&self, method: u16, message: Bytes, data: Bytes) -> FsResult<(Bytes, Bytes)> {
@@ -47,9 +49,14 @@ impl Conn {
         let client = self
             .client
             .get_or_try_init(|| async {
-                stria_rpc::Client::connect(self.addr).await.map_err(|error| {
+                let config =
+                    stria_rpc::ClientConfig { secret: self.secret.clone(), ..Default::default() };
+                stria_rpc::Client::connect_with(self.addr, config).await.map_err(|error| {
                     tracing::warn!(addr = %self.addr, %error, "cannot connect");
-                    FsStatus::Unavailable
+                    match error {
+                        stria_rpc::RpcError::Unauthenticated { .. } => FsStatus::Access,
+                        _ => FsStatus::Unavailable,
+                    }
                 })
             })
             .await?;
@@ -102,8 +109,8 @@ pub(crate) struct MetaConn {
 }
 
 impl MetaConn {
-    pub fn new(addr: SocketAddr, timeout: Duration) -> MetaConn {
-        MetaConn { conn: Conn::new(addr, timeout) }
+    pub fn new(addr: SocketAddr, timeout: Duration, secret: Option<ClusterSecret>) -> MetaConn {
+        MetaConn { conn: Conn::new(addr, timeout, secret) }
     }
 
     pub async fn call(&self, request: MetaRequest) -> FsResult<MetaReply> {
@@ -120,12 +127,18 @@ pub(crate) struct StorageConns {
 }
 
 impl StorageConns {
-    pub fn new(targets: &[(TargetId, SocketAddr)], timeout: Duration) -> StorageConns {
+    pub fn new(
+        targets: &[(TargetId, SocketAddr)],
+        timeout: Duration,
+        secret: Option<ClusterSecret>,
+    ) -> StorageConns {
         let mut by_addr: HashMap<SocketAddr, Arc<Conn>> = HashMap::new();
         let mut map = HashMap::new();
         for (target, addr) in targets {
-            let conn =
-                by_addr.entry(*addr).or_insert_with(|| Arc::new(Conn::new(*addr, timeout))).clone();
+            let conn = by_addr
+                .entry(*addr)
+                .or_insert_with(|| Arc::new(Conn::new(*addr, timeout, secret.clone())))
+                .clone();
             map.insert(*target, conn);
         }
         StorageConns { targets: Arc::new(map), all: Arc::new(by_addr.into_values().collect()) }

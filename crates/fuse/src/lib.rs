@@ -28,6 +28,7 @@ use stria_proto::fs::FsStatus;
 use stria_proto::wire::{FileKind, SetAttr, TimeSet, XattrSetMode};
 
 use caller::Callers;
+pub use caller::SQUASHED_ID;
 use convert::{errno, file_attr, file_type, timestamp};
 
 /// How the file system is mounted.
@@ -48,6 +49,10 @@ pub struct MountOptions {
     /// writer. Without it the mount follows other clients' changes once its attribute cache
     /// (`attr_ttl`) expires, and drops cached pages whose file changed size or mtime.
     pub writeback_cache: bool,
+    /// Requests from uid 0 act as [`SQUASHED_ID`], and group 0 is dropped from every request
+    /// (NFS's root_squash). The kernel's own checks (`default_permissions`) still let root
+    /// through, so the metadata service's checks, which see the squashed caller, decide.
+    pub root_squash: bool,
 }
 
 impl Default for MountOptions {
@@ -58,6 +63,7 @@ impl Default for MountOptions {
             allow_other: true,
             max_io_bytes: 1 << 20,
             writeback_cache: false,
+            root_squash: false,
         }
     }
 }
@@ -99,7 +105,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         ttl: options.attr_ttl,
         max_io_bytes: options.max_io_bytes,
         writeback_cache: options.writeback_cache,
-        callers: Callers::default(),
+        callers: Callers::new(options.root_squash),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     Ok(Mount { session: Some(session) })
@@ -596,8 +602,24 @@ impl Filesystem for StriaFs {
         if let Err(error) = Self::kind_of_mode(mode) {
             return reply.error(errno(error));
         }
-        match self.client.create_open(&caller, parent.0, name_bytes(name), mode & !umask, exclusive)
-        {
+        let (name, mode, mask) = (name_bytes(name), mode & !umask, Self::open_mask(flags));
+        let created = self.client.create_open(&caller, parent.0, name, mode, exclusive, mask);
+        // The kernel takes every file create opens for a new one and truncates none, so a
+        // file another client made first (it has bytes) is truncated here for O_TRUNC.
+        let created = created.and_then(|(fh, attr)| {
+            if flags & libc::O_TRUNC == 0 || attr.size == 0 {
+                return Ok((fh, attr));
+            }
+            let set = SetAttr { size: Some(0), ..SetAttr::default() };
+            match self.client.setattr(&caller, attr.ino, set) {
+                Ok(attr) => Ok((fh, attr)),
+                Err(error) => {
+                    let _ = self.client.release(fh);
+                    Err(error)
+                }
+            }
+        });
+        match created {
             Ok((fh, attr)) => reply.created(
                 &self.ttl,
                 &file_attr(&attr),

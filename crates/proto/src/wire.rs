@@ -237,8 +237,11 @@ pub enum MetaRequest {
         mode: u32,
         rdev: u32,
         exclusive: bool,
-        /// Also open the new file (FUSE's create): the reply is `Open` instead of `Attr`.
-        open: bool,
+        /// Also open the file (FUSE's create) for this access mask (`R_OK`/`W_OK` bits): the
+        /// reply is `Open` instead of `Attr`. The creator of a new file may open it whatever
+        /// its mode; a file that already existed (not `exclusive`, another client was first)
+        /// is checked against the mask like any open.
+        open: Option<u32>,
     },
     Mkdir {
         caller: Caller,

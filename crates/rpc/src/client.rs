@@ -25,6 +25,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::auth::{self, AuthError, ClusterSecret};
 use crate::frame::{self, Frame, FrameError, Kind, Limits, REQUEST_ID_CONNECTION};
 use crate::io::{FrameReader, Incoming, Outgoing, writer_loop};
 use crate::status;
@@ -35,6 +36,9 @@ use crate::transport::{TcpTransport, Transport};
 pub enum RpcError {
     #[error("cannot connect to {addr}: {source}")]
     Connect { addr: SocketAddr, source: io::Error },
+    /// The authentication handshake failed: a secret differs or is missing on one side.
+    #[error("{addr} refused the connection: {reason}")]
+    Unauthenticated { addr: SocketAddr, reason: String },
     /// The connection broke after the request may have been sent: it may or may not have run.
     #[error("connection to {addr} lost: {reason}")]
     ConnectionLost { addr: SocketAddr, reason: String },
@@ -68,6 +72,7 @@ impl RpcError {
             RpcError::Connect { .. } | RpcError::ConnectionLost { .. } => true,
             RpcError::Timeout { .. } => true,
             RpcError::Status { status, .. } => status::is_retryable(*status),
+            RpcError::Unauthenticated { .. } => false,
             RpcError::TooLarge(_) | RpcError::Encode(_) | RpcError::Decode(_) => false,
         }
     }
@@ -117,6 +122,9 @@ pub struct ClientConfig {
     pub write_stall_timeout: Duration,
     /// Put a payload CRC on requests.
     pub payload_crc: bool,
+    /// Prove this secret to the server on every new connection, and require the server to
+    /// prove it too ([`crate::auth`]); within `connect_timeout`.
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Default for ClientConfig {
@@ -127,6 +135,7 @@ impl Default for ClientConfig {
             limits: Limits::default(),
             write_stall_timeout: Duration::from_secs(30),
             payload_crc: true,
+            secret: None,
         }
     }
 }
@@ -306,7 +315,12 @@ impl Client {
 
     /// Connects now with the default configuration, so an unreachable server shows up here.
     pub async fn connect(addr: SocketAddr) -> Result<Client, RpcError> {
-        let client = Client::new(addr, ClientConfig::default());
+        Client::connect_with(addr, ClientConfig::default()).await
+    }
+
+    /// Connects now with `config` (its secret, if any, is proven right away).
+    pub async fn connect_with(addr: SocketAddr, config: ClientConfig) -> Result<Client, RpcError> {
+        let client = Client::new(addr, config);
         client.connection().await?;
         Ok(client)
     }
@@ -336,17 +350,24 @@ impl Client {
             return Ok(conn);
         }
         let addr = inner.addr;
-        let duplex =
-            match tokio::time::timeout(inner.config.connect_timeout, inner.transport.connect(addr))
-                .await
-            {
-                Ok(Ok(duplex)) => duplex,
-                Ok(Err(source)) => return Err(RpcError::Connect { addr, source }),
-                Err(_) => {
-                    let source = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
-                    return Err(RpcError::Connect { addr, source });
-                }
-            };
+        let connect = async {
+            let mut duplex = inner.transport.connect(addr).await.map_err(AuthError::Io)?;
+            if let Some(secret) = &inner.config.secret {
+                auth::connect(&mut duplex.reader, &mut duplex.writer, secret).await?;
+            }
+            Ok(duplex)
+        };
+        let duplex = match tokio::time::timeout(inner.config.connect_timeout, connect).await {
+            Ok(Ok(duplex)) => duplex,
+            Ok(Err(AuthError::Io(source))) => return Err(RpcError::Connect { addr, source }),
+            Ok(Err(AuthError::Refused(reason))) => {
+                return Err(RpcError::Unauthenticated { addr, reason });
+            }
+            Err(_) => {
+                let source = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
+                return Err(RpcError::Connect { addr, source });
+            }
+        };
         debug!(%addr, "connected");
         let shared = Arc::new(Shared {
             addr,

@@ -7,8 +7,11 @@
 //! service status codes live in `stria-proto`. The wire format is in `docs/internals/rpc.md`.
 //!
 //! Rules it keeps: every size is bounded before anything is allocated for it; a malformed
-//! frame closes only the connection it came on; a handler that panics fails only its request.
+//! frame closes only the connection it came on; a handler that panics fails only its request;
+//! with a cluster secret configured, nothing but the authentication handshake is read from a
+//! peer that has not proven it holds the secret ([`auth`]).
 
+pub mod auth;
 pub mod client;
 pub mod frame;
 mod io;
@@ -17,6 +20,7 @@ pub mod server;
 pub mod status;
 pub mod transport;
 
+pub use auth::{ClusterSecret, SecretError};
 pub use client::{
     Client, ClientConfig, Reply, RetryPolicy, RpcError, decode_message, encode_message, retry,
 };

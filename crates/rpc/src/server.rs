@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::auth::{self, AuthError, ClusterSecret};
 use crate::frame::{self, Frame, Kind, Limits, REQUEST_ID_CONNECTION};
 use crate::io::{FrameReader, Outgoing, ReadError, linger, writer_loop};
 use crate::status;
@@ -169,6 +170,11 @@ pub struct ServerConfig {
     pub write_stall_timeout: Duration,
     /// Put a payload CRC on responses.
     pub payload_crc: bool,
+    /// When set, a connection is served only after its peer proves it holds this secret
+    /// ([`crate::auth`]); until then nothing but the handshake is read from it.
+    pub secret: Option<ClusterSecret>,
+    /// A peer that has not finished the authentication handshake by then is disconnected.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -181,6 +187,8 @@ impl Default for ServerConfig {
             frame_read_timeout: Duration::from_secs(30),
             write_stall_timeout: Duration::from_secs(30),
             payload_crc: true,
+            secret: None,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -267,13 +275,19 @@ impl Server {
                     let config = config.clone();
                     let stop = shutdown.subscribe();
                     tokio::spawn(async move {
-                        connection(duplex, service, config, stop).await;
+                        if let Some(duplex) = authenticate(duplex, &config).await {
+                            connection(duplex, service, config, stop).await;
+                        }
                         drop(slot);
                     });
                 }
                 Err(_) => {
                     warn!(peer = %duplex.peer, max = config.connections_max, "connection refused: limit reached");
-                    tokio::spawn(refuse(duplex, status::OVERLOADED, "connection limit reached"));
+                    tokio::spawn(refuse(
+                        duplex,
+                        status::OVERLOADED,
+                        "connection limit reached".into(),
+                    ));
                 }
             }
         }
@@ -297,12 +311,35 @@ fn goodbye(code: u16, text: &str) -> Outgoing {
     Outgoing { close_after: true, ..Outgoing::from_frame(frame) }
 }
 
-async fn refuse(duplex: Duplex, code: u16, text: &'static str) {
+async fn refuse(duplex: Duplex, code: u16, text: String) {
     let (tx, rx) = mpsc::channel(1);
-    let _ = tx.send(goodbye(code, text)).await;
+    let _ = tx.send(goodbye(code, &text)).await;
     drop(tx);
     let _ = writer_loop(duplex.writer, rx, Duration::from_secs(1)).await;
     linger(duplex.reader).await;
+}
+
+/// Runs the server's half of the handshake when a secret is configured. A peer that fails
+/// it gets a goodbye saying why and is dropped; `None` then.
+async fn authenticate(mut duplex: Duplex, config: &ServerConfig) -> Option<Duplex> {
+    let Some(secret) = &config.secret else { return Some(duplex) };
+    let peer = duplex.peer;
+    let handshake = auth::accept(&mut duplex.reader, &mut duplex.writer, secret);
+    let reason = match tokio::time::timeout(config.handshake_timeout, handshake).await {
+        Ok(Ok(())) => {
+            debug!(%peer, "peer authenticated");
+            return Some(duplex);
+        }
+        Ok(Err(AuthError::Refused(reason))) => reason,
+        Ok(Err(AuthError::Io(e))) => {
+            debug!(%peer, error = %e, "connection ended during the authentication handshake");
+            return None;
+        }
+        Err(_) => format!("no authentication handshake within {:?}", config.handshake_timeout),
+    };
+    warn!(%peer, %reason, "connection refused: not authenticated");
+    refuse(duplex, status::UNAUTHENTICATED, reason).await;
+    None
 }
 
 enum Stop {

@@ -29,6 +29,8 @@ pub const INTERNAL: u16 = 5;
 pub const SHUTTING_DOWN: u16 = 6;
 /// The peer sent a frame that broke the protocol; the connection is closed after this.
 pub const BAD_FRAME: u16 = 7;
+/// The peer did not prove it holds the cluster secret; the connection is closed after this.
+pub const UNAUTHENTICATED: u16 = 8;
 
 /// First code of the block the services own.
 pub const SERVICE_BASE: u16 = 1000;
@@ -37,7 +39,7 @@ pub const FS_STATUS_BASE: u16 = stria_proto::wire::FS_STATUS_BASE;
 /// The file-system block holds at most this many codes.
 pub const FS_STATUS_BLOCK_LEN: u16 = 1000;
 
-const _: () = assert!(BAD_FRAME < SERVICE_BASE);
+const _: () = assert!(UNAUTHENTICATED < SERVICE_BASE);
 const _: () = assert!(SERVICE_BASE <= FS_STATUS_BASE);
 
 /// A short name for a transport status, for logs and error messages.
@@ -51,6 +53,7 @@ pub fn name(code: u16) -> &'static str {
         INTERNAL => "internal error",
         SHUTTING_DOWN => "shutting down",
         BAD_FRAME => "bad frame",
+        UNAUTHENTICATED => "unauthenticated",
         c if (FS_STATUS_BASE..FS_STATUS_BASE + FS_STATUS_BLOCK_LEN).contains(&c) => {
             "file-system error"
         }

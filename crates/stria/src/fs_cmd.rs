@@ -31,6 +31,7 @@ pub struct NodeClient {
 impl NodeClient {
     pub fn connect(node: &NodeArgs) -> Result<NodeClient> {
         let run = RunRecord::load(&node.data)?;
+        let secret = crate::up::load_secret(&node.data)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -40,16 +41,26 @@ impl NodeClient {
         // gives the ids.
         let probe = Client::new(
             runtime.handle().clone(),
-            ClientConfig::new(run.meta, vec![(TargetId(0), run.storage)]),
+            ClientConfig::new(run.meta, vec![(TargetId(0), run.storage)])
+                .with_secret(secret.clone()),
         );
         let targets = probe.targets().map_err(|e| unreachable_node(&run, e))?;
         let routes = targets.iter().map(|t| (t.target, run.storage)).collect();
-        let client = Client::new(runtime.handle().clone(), ClientConfig::new(run.meta, routes));
+        let config = ClientConfig::new(run.meta, routes).with_secret(secret);
+        let client = Client::new(runtime.handle().clone(), config);
         Ok(NodeClient { client, _runtime: runtime })
     }
 }
 
 fn unreachable_node(run: &RunRecord, e: FsStatus) -> anyhow::Error {
+    if e == FsStatus::Access {
+        return anyhow::anyhow!(
+            "the node (pid {}) at {} refused this command's cluster secret: the data \
+             directory's cluster-secret differs from the one the node started with",
+            run.pid,
+            run.storage
+        );
+    }
     anyhow::anyhow!(
         "the node (pid {}) does not answer at {}: {e}; is `stria up` still running?",
         run.pid,

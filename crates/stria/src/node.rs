@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use stria_meta::service::{CapacitySource, MetaService};
 use stria_meta::{Commit, Meta, MetaOptions};
 use stria_proto::fs::{LayoutPolicy, TargetId};
-use stria_rpc::{Server, ShutdownHandle};
+use stria_rpc::{ClusterSecret, Server, ServerConfig, ShutdownHandle};
 use stria_storage::{StorageRpc, StorageService};
 
 /// Opens the namespace; new files spread over `targets`.
@@ -61,17 +61,23 @@ pub fn bind_error(addr: SocketAddr, role: &str, flag: &str, e: std::io::Error) -
     }
 }
 
+/// The configuration of every RPC server of a node: peers must prove they hold `secret`.
+pub fn server_config(secret: &ClusterSecret) -> ServerConfig {
+    ServerConfig { secret: Some(secret.clone()), ..ServerConfig::default() }
+}
+
 /// Starts both services on the current runtime.
 pub async fn serve(
     meta_listen: SocketAddr,
     storage_listen: SocketAddr,
     meta: Arc<Meta>,
     storage: StorageService,
+    secret: &ClusterSecret,
 ) -> Result<Services> {
-    let storage_server = Server::bind(storage_listen)
+    let storage_server = Server::bind_with(storage_listen, server_config(secret))
         .await
         .map_err(|e| bind_error(storage_listen, "storage", "--storage-listen", e))?;
-    let meta_server = Server::bind(meta_listen)
+    let meta_server = Server::bind_with(meta_listen, server_config(secret))
         .await
         .map_err(|e| bind_error(meta_listen, "metadata", "--meta-listen", e))?;
     let capacity_from = storage.clone();

@@ -15,6 +15,8 @@
 //! DATA/mgmt/registry.redb     volumes, exports, initiator access lists
 //! DATA/mgmt/api-token         the REST API's bearer token (mode 0600, made at the first run)
 //! DATA/mgmt/node-id           the node's id (made at the first run)
+//! DATA/cluster-secret         the secret every RPC peer proves it holds (mode 0600, made at
+//!                             the first run; the CLI reads it to talk to the node)
 //! DATA/logs/stria.log         the log
 //! DATA/run.json               addresses of the running node (removed at a clean stop)
 //! DATA/mnt                    the default mount point
@@ -75,6 +77,11 @@ pub struct UpArgs {
     /// writer of its files.
     #[arg(long)]
     pub writeback_cache: bool,
+    /// Treat root (uid 0) and group 0 on the mount as the unprivileged user and group nobody
+    /// (65534), as NFS's root_squash: root on a client machine gets no more rights to files than
+    /// anyone else, and what it creates belongs to nobody.
+    #[arg(long)]
+    pub root_squash: bool,
     /// Address of the metadata service (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7411")]
     pub meta_listen: SocketAddr,
@@ -264,6 +271,21 @@ impl stria_storage::MembershipRecorder for NodeFileRecorder {
     }
 }
 
+/// `DATA/cluster-secret`: what every RPC connection to the node's services must prove.
+pub fn secret_path(data: &Path) -> PathBuf {
+    data.join("cluster-secret")
+}
+
+/// The cluster secret of the node on `data`, for commands that talk to it.
+pub fn load_secret(data: &Path) -> Result<stria_rpc::ClusterSecret> {
+    stria_rpc::ClusterSecret::load(&secret_path(data)).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: commands that talk to the node need its secret; run them as a user who can \
+             read it (the node's owner or root)"
+        )
+    })
+}
+
 impl RunRecord {
     /// Reads the record of the node running on `data`.
     pub fn load(data: &Path) -> Result<RunRecord> {
@@ -288,6 +310,7 @@ pub fn run(args: UpArgs) -> Result<()> {
     interrupt::install();
 
     let node = load_or_create_node(&data, &args)?;
+    let secret = stria_rpc::ClusterSecret::load_or_create(&secret_path(&data))?;
     let mut targets = Vec::new();
     for record in &node.targets {
         targets.push(open_target(&data, record)?);
@@ -316,13 +339,15 @@ pub fn run(args: UpArgs) -> Result<()> {
         args.storage_listen,
         meta.clone(),
         storage.clone(),
+        &secret,
     ))?;
     let client = stria_client::Client::new(
         runtime.handle().clone(),
         stria_client::ClientConfig::new(
             services.meta_addr,
             pool_targets.iter().map(|t| (*t, services.storage_addr)).collect(),
-        ),
+        )
+        .with_secret(secret.clone()),
     );
 
     std::fs::create_dir_all(data.join("mgmt"))?;
@@ -333,7 +358,10 @@ pub fn run(args: UpArgs) -> Result<()> {
     };
     let mgmt = stria_mgmt::Mgmt::new(registry, client.clone(), pools)?;
     let mgmt_server = runtime
-        .block_on(stria_rpc::Server::bind(args.mgmt_listen))
+        .block_on(stria_rpc::Server::bind_with(
+            args.mgmt_listen,
+            crate::node::server_config(&secret),
+        ))
         .map_err(|e| crate::node::bind_error(args.mgmt_listen, "management", "--mgmt-listen", e))?;
     let mgmt_addr = mgmt_server.local_addr();
     let mgmt_handle = mgmt_server.shutdown_handle();
@@ -372,7 +400,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         Some(args.mount.clone().map(|m| absolute(&m)).transpose()?.unwrap_or(data.join("mnt")))
     };
     let mount = match &mount_point {
-        Some(path) => match mount_fs(client.clone(), path, args.writeback_cache) {
+        Some(path) => match mount_fs(client.clone(), path, &args) {
             Ok(mount) => Some(mount),
             Err(reason) => {
                 eprintln!("warning: not mounted: {reason:#}");
@@ -561,12 +589,12 @@ pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
     Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
 }
 
-fn mount_fs(
-    client: stria_client::Client,
-    path: &Path,
-    writeback_cache: bool,
-) -> Result<stria_fuse::Mount> {
-    let options = stria_fuse::MountOptions { writeback_cache, ..Default::default() };
+fn mount_fs(client: stria_client::Client, path: &Path, args: &UpArgs) -> Result<stria_fuse::Mount> {
+    let options = stria_fuse::MountOptions {
+        writeback_cache: args.writeback_cache,
+        root_squash: args.root_squash,
+        ..Default::default()
+    };
     if !Path::new("/dev/fuse").exists() {
         bail!(
             "/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device (--device /dev/fuse)"

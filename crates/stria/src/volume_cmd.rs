@@ -167,23 +167,30 @@ pub(crate) fn call(node: &NodeArgs, request: MgmtRequest) -> Result<MgmtReply> {
             run.pid
         );
     };
+    let secret = crate::up::load_secret(&node.data)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
     let result: MgmtResult = runtime
         .block_on(async {
-            let client = stria_rpc::Client::connect(addr).await?;
+            let config = stria_rpc::ClientConfig { secret: Some(secret), ..Default::default() };
+            let client = stria_rpc::Client::connect_with(addr, config).await?;
             let (reply, _) = client
                 .call_typed(mgmt_method::CALL, &request, bytes::Bytes::new(), CALL_TIMEOUT)
                 .await?;
             Ok::<_, stria_rpc::RpcError>(reply)
         })
-        .map_err(|e| {
-            anyhow::anyhow!(
+        .map_err(|e| match e {
+            stria_rpc::RpcError::Unauthenticated { .. } => anyhow::anyhow!(
+                "the node (pid {}) refused this command: {e}; the data directory's \
+                 cluster-secret differs from the one the node started with",
+                run.pid
+            ),
+            _ => anyhow::anyhow!(
                 "the node (pid {}) does not answer at {addr}: {e}; is `stria up` still running?",
                 run.pid
-            )
+            ),
         })?;
     result.map_err(|e| match e.status {
         MgmtStatus::Invalid => usage(e.message),

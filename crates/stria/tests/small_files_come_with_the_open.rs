@@ -8,7 +8,7 @@ mod support;
 use std::net::SocketAddr;
 
 use stria_client::{Client, ClientConfig};
-use stria_proto::fs::{ROOT_INO, TargetId};
+use stria_proto::fs::{FsStatus, ROOT_INO, TargetId};
 use stria_proto::wire::{Caller, SetAttr};
 use support::node::{Node, pattern, require_fuse, scratch};
 
@@ -19,12 +19,15 @@ fn native(node: &Node) -> (Client, tokio::runtime::Runtime) {
     let addr = |key: &str| -> SocketAddr { run[key].as_str().unwrap().parse().unwrap() };
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let secret = stria_rpc::ClusterSecret::load(&node.data.join("cluster-secret")).unwrap();
     let probe = Client::new(
         runtime.handle().clone(),
-        ClientConfig::new(addr("meta"), vec![(TargetId(0), addr("storage"))]),
+        ClientConfig::new(addr("meta"), vec![(TargetId(0), addr("storage"))])
+            .with_secret(secret.clone()),
     );
     let routes = probe.targets().unwrap().iter().map(|t| (t.target, addr("storage"))).collect();
-    (Client::new(runtime.handle().clone(), ClientConfig::new(addr("meta"), routes)), runtime)
+    let config = ClientConfig::new(addr("meta"), routes).with_secret(secret);
+    (Client::new(runtime.handle().clone(), config), runtime)
 }
 
 #[test]
@@ -87,4 +90,30 @@ fn small_files_read_from_the_open_stay_fresh() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap().len(), big.len());
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap(), big);
+}
+
+/// FUSE's create of a name another client made first opens that file: only if the caller may
+/// open it for what it asked, and with its bytes, not as a new empty file.
+#[test]
+fn create_of_a_file_another_client_made_first_checks_and_keeps_it() {
+    require_fuse();
+    let dir = scratch("create-existing");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
+    let (client, _runtime) = native(&node);
+    let content = pattern(5, 0, 2000);
+    let path = node.mount.join("theirs");
+    std::fs::write(&path, &content).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+
+    let user = Caller { uid: 1000, gid: 1000, groups: Vec::new() };
+    let write = libc::W_OK as u32;
+    let refused = client.create_open(&user, ROOT_INO, b"theirs", 0o666, false, write);
+    assert_eq!(refused.unwrap_err(), FsStatus::Access, "a user may not write root's 0644 file");
+
+    let read = libc::R_OK as u32;
+    let (fh, attr) = client.create_open(&user, ROOT_INO, b"theirs", 0o666, false, read).unwrap();
+    assert_eq!(attr.size, 2000);
+    assert_eq!(client.read(fh, 0, 4096).unwrap(), content, "the file keeps its bytes");
+    client.release(fh).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), content);
 }
