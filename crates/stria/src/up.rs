@@ -673,6 +673,10 @@ fn print_banner(
     }
     println!("  logs     {}", log_path.display());
     println!("  meta     {}   storage {}", run.meta, run.storage);
+    println!(
+        "  secret   {} (RPC peers and the CLI prove they hold it)",
+        secret_path(data).display()
+    );
     if let Some(mgmt) = run.mgmt {
         println!("  mgmt     {mgmt}   (stria volume / export / initiator talk to it)");
     }
