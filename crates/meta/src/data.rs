@@ -6,11 +6,11 @@ use stria_proto::fs::{
     ROOT_INO, STRIPE_COUNT_MAX,
 };
 
-use crate::Meta;
 use crate::error::{MetaError, Result, fs};
 use crate::perm;
 use crate::record::{Body, FileData, Inode};
 use crate::types::*;
+use crate::{Commit, Meta};
 
 /// Clears set-user-id, and set-group-id when group execute is set (as Linux does when a
 /// file is chowned or written by a non-root user; without group execute setgid means
@@ -36,7 +36,19 @@ fn regular(rec: &Inode) -> Result<()> {
 impl Meta {
     /// chmod, chown, truncate and utimes in one transaction. A size change on an inline file
     /// beyond `INLINE_DATA_MAX` fails with [`MetaError::MustSpill`] and changes nothing.
+    ///
+    /// A size that shrinks is durable when this returns, even with lazy commits: the caller
+    /// trims the chunks past the new end right after, and a crash that kept the trim but lost
+    /// the new size would leave the old size over zeros.
     pub fn setattr(&self, ino: Ino, caller: &Caller, set: &SetAttr) -> Result<SetAttrOutcome> {
+        let outcome = self.setattr_commit(ino, caller, set)?;
+        if outcome.attr.size < outcome.old_size && self.commit_mode() == Commit::Lazy {
+            self.sync()?;
+        }
+        Ok(outcome)
+    }
+
+    fn setattr_commit(&self, ino: Ino, caller: &Caller, set: &SetAttr) -> Result<SetAttrOutcome> {
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             let before = rec.clone();

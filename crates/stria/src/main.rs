@@ -6,6 +6,7 @@
 //! `stria-io`, and every command here is a thin, careful driver of their public API.
 
 mod bench_cmd;
+mod chaos;
 mod fs_cmd;
 mod fsck;
 mod gateway;
@@ -73,6 +74,9 @@ enum Command {
     #[command(subcommand)]
     Initiator(volume_cmd::InitiatorCommand),
     Bench(bench_cmd::BenchArgs),
+    /// Fault campaigns: drive faults on every RAID level, kill -9 of a running node, a full
+    /// file system; seeded, with a line per cycle and a summary of any data lost.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// The command line asked for something impossible (exit code 2). Every other error is a
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
         Command::Export(command) => volume_cmd::export(command),
         Command::Initiator(command) => volume_cmd::initiator(command),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Chaos(args) => chaos::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
