@@ -177,6 +177,12 @@ impl Meta {
             } else if format != store::STORE_FORMAT {
                 return Err(MetaError::Corrupt(format!("unknown store format {format}")));
             }
+            // Creates that a crash undid may have used numbers up to the reservation (and
+            // written chunks under them): new files start past it.
+            let reserved = tx.system(store::KEY_INO_RESERVED)?;
+            if tx.system(store::KEY_NEXT_INO)? < reserved {
+                tx.system.insert(store::KEY_NEXT_INO, reserved)?;
+            }
         }
         txn.commit()?;
         Ok(())
@@ -209,12 +215,15 @@ impl Meta {
         {
             txn.set_durability(Durability::None)?;
         }
-        let (out, unchanged) = {
+        let (out, unchanged, durable) = {
             let mut tx = Tx::open(&txn)?;
             let out = f(&mut tx)?;
             tx.flush_counters()?;
-            (out, tx.unchanged)
+            (out, tx.unchanged, tx.durable)
         };
+        if durable {
+            txn.set_durability(Durability::Immediate)?;
+        }
         if unchanged {
             txn.abort()?;
         } else {

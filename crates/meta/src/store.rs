@@ -32,6 +32,11 @@ pub(crate) const ORPHANS: TableDefinition<u64, i64> = TableDefinition::new("orph
 pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
 
 pub(crate) const KEY_NEXT_INO: &str = "next_ino";
+/// Every inode number below it may have been handed out, even by a create that a crash then
+/// undid (lazy commits): it only grows, durably, before any number at or above it is used.
+pub(crate) const KEY_INO_RESERVED: &str = "ino_reserved";
+/// Inode numbers reserved per durable commit of [`KEY_INO_RESERVED`].
+pub(crate) const INO_RESERVE_BATCH: u64 = 4096;
 pub(crate) const KEY_INODES_USED: &str = "inodes_used";
 pub(crate) const KEY_FORMAT: &str = "format";
 /// Version of the table layout as a whole.
@@ -180,6 +185,9 @@ pub(crate) struct Tx<'t> {
     /// Set by an operation that changed nothing: the transaction is aborted instead of
     /// committed, which saves the commit (and its fsync).
     pub unchanged: bool,
+    /// Set when the transaction must be durable before its effects are used, whatever the
+    /// commit mode (it reserved inode numbers).
+    pub durable: bool,
 }
 
 impl<'t> Tx<'t> {
@@ -195,6 +203,7 @@ impl<'t> Tx<'t> {
             system: txn.open_table(SYSTEM)?,
             deltas: Deltas::default(),
             unchanged: false,
+            durable: false,
         })
     }
 
@@ -275,6 +284,12 @@ impl<'t> Tx<'t> {
             return Err(fs(FsStatus::NoSpace, "inode limit reached"));
         }
         let ino = self.system(KEY_NEXT_INO)?;
+        if ino >= self.system(KEY_INO_RESERVED)? {
+            // A crash may undo this create but not the chunks written under its number, so
+            // a number is never handed out twice: reserve a batch, durably.
+            self.system.insert(KEY_INO_RESERVED, ino + INO_RESERVE_BATCH)?;
+            self.durable = true;
+        }
         self.system.insert(KEY_NEXT_INO, ino + 1)?;
         self.system.insert(KEY_INODES_USED, used + 1)?;
         Ok(ino)

@@ -181,7 +181,13 @@ struct Journal {
     doubt: Option<Doubt>,
     /// Changes completed (fsynced) over the whole campaign.
     done: u64,
+    /// The contents the last changes left (change number, name, content), newest last: a
+    /// wrong read is compared with them to say which older state it shows.
+    past: std::collections::VecDeque<(u64, String, Vec<u8>)>,
 }
+
+/// Changes whose results [`Journal::past`] keeps.
+const PAST_KEPT: usize = 48;
 
 /// What the workload thread hands back when it stops.
 struct WorkerEnd {
@@ -191,6 +197,67 @@ struct WorkerEnd {
     early_error: Option<String>,
     /// Reads of completed files that differed from the journal while the node ran.
     live_mismatches: Vec<String>,
+}
+
+impl Journal {
+    /// A change to `name` is durable: it now holds `content`.
+    fn record(&mut self, name: String, content: Vec<u8>) {
+        if self.past.len() == PAST_KEPT {
+            self.past.pop_front();
+        }
+        self.past.push_back((self.done + 1, name.clone(), content.clone()));
+        self.files.insert(name, content);
+    }
+}
+
+/// With `STRIA_CHAOS_TRACE=FILE`, every change is appended there as one line (for working
+/// out what led to a failure).
+fn trace(line: impl FnOnce() -> String) {
+    static TRACE: std::sync::OnceLock<Option<std::sync::Mutex<File>>> = std::sync::OnceLock::new();
+    let file = TRACE.get_or_init(|| {
+        let path = std::env::var_os("STRIA_CHAOS_TRACE")?;
+        let file = OpenOptions::new().create(true).append(true).open(path).ok()?;
+        Some(std::sync::Mutex::new(file))
+    });
+    if let Some(file) = file {
+        let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(file, "{}", line());
+    }
+}
+
+fn ino_of(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m))
+}
+
+/// Which kept past content shows the bytes `got` holds where it differs from the journal.
+fn matching_past(journal: &Journal, got: &[u8], expected: &[u8]) -> String {
+    let common = got.len().min(expected.len());
+    let Some(first) = (0..common).find(|&i| got[i] != expected[i]) else { return String::new() };
+    let last = (0..common).rev().find(|&i| got[i] != expected[i]).unwrap_or(first);
+    for (done, name, content) in journal.past.iter().rev() {
+        if content.len() > last && content[first..=last] == got[first..=last] {
+            return format!(
+                "; those bytes are what change #{done} left in {name} ({} changes ago)",
+                journal.done - done
+            );
+        }
+    }
+    "; no kept past content matches those bytes".into()
+}
+
+/// Where two contents differ: the first and last differing offsets, how many bytes differ,
+/// and how many of those read back as zero (a hole, an unwritten block).
+fn mismatch_detail(got: &[u8], expected: &[u8]) -> String {
+    let differing: Vec<usize> =
+        (0..got.len().min(expected.len())).filter(|&i| got[i] != expected[i]).collect();
+    match (differing.first(), differing.last()) {
+        (Some(first), Some(last)) => format!(
+            "{} bytes differ in {first}..={last}, {} of them read as zero",
+            differing.len(),
+            differing.iter().filter(|&&i| got[i] == 0).count()
+        ),
+        _ => "the common prefix is equal".into(),
+    }
 }
 
 fn file_size(rng: &mut SplitMix64) -> u64 {
@@ -240,7 +307,15 @@ fn change(work: &Path, journal: &mut Journal, rng: &mut SplitMix64) -> std::io::
             let mut f = File::create(work.join(&file))?;
             f.write_all(&after)?;
             f.sync_all()?;
-            journal.files.insert(file, after);
+            trace(|| {
+                format!(
+                    "#{} overwrite {file} len {} ino {}",
+                    journal.done + 1,
+                    after.len(),
+                    ino_of(&work.join(&file))
+                )
+            });
+            journal.record(file, after);
         }
         (55..=69, Some(from)) => {
             let mut to = name(rng);
@@ -258,11 +333,19 @@ fn change(work: &Path, journal: &mut Journal, rng: &mut SplitMix64) -> std::io::
             std::fs::rename(work.join(&from), work.join(&to))?;
             sync_dir(&dir_of(&from))?;
             sync_dir(&dir_of(&to))?;
+            trace(|| {
+                format!(
+                    "#{} rename {from} -> {to} ino {}",
+                    journal.done + 1,
+                    ino_of(&work.join(&to))
+                )
+            });
             journal.files.remove(&from);
-            journal.files.insert(to, moved);
+            journal.record(to, moved);
         }
         (70..=84, Some(file)) => {
             let before = journal.files[&file].clone();
+            let before_len = before.len();
             let len = rng.below(before.len() as u64 * 3 / 2 + 4096);
             let mut after = before.clone();
             after.resize(len as usize, 0);
@@ -271,13 +354,23 @@ fn change(work: &Path, journal: &mut Journal, rng: &mut SplitMix64) -> std::io::
             let f = OpenOptions::new().write(true).open(work.join(&file))?;
             f.set_len(len)?;
             f.sync_all()?;
-            journal.files.insert(file, after);
+            trace(|| {
+                format!(
+                    "#{} truncate {file} {} -> {len} ino {}",
+                    journal.done + 1,
+                    before_len,
+                    ino_of(&work.join(&file))
+                )
+            });
+            journal.record(file, after);
         }
         (85..=91, Some(file)) => {
             let before = journal.files[&file].clone();
             journal.doubt = Some(Doubt::Unlink { name: file.clone(), before });
+            let ino = ino_of(&work.join(&file));
             std::fs::remove_file(work.join(&file))?;
             sync_dir(&dir_of(&file))?;
+            trace(|| format!("#{} unlink {file} ino {ino}", journal.done + 1));
             journal.files.remove(&file);
         }
         _ => {
@@ -311,7 +404,16 @@ fn change(work: &Path, journal: &mut Journal, rng: &mut SplitMix64) -> std::io::
             if new {
                 sync_dir(&dir_of(&file))?;
             }
-            journal.files.insert(file, after);
+            trace(|| {
+                format!(
+                    "#{} write {file} at {offset} len {} size {} ino {}",
+                    journal.done + 1,
+                    data.len(),
+                    after.len(),
+                    ino_of(&work.join(&file))
+                )
+            });
+            journal.record(file, after);
         }
     }
     journal.doubt = None;
@@ -331,11 +433,16 @@ fn work(work: PathBuf, mut journal: Journal, seed: u64, killed: Arc<AtomicBool>)
             let name = names[rng.below(names.len() as u64) as usize].clone();
             match std::fs::read(work.join(&name)) {
                 Ok(got) if got == journal.files[&name] => {}
-                Ok(got) => live_mismatches.push(format!(
-                    "{name}: {} bytes read, {} expected",
-                    got.len(),
-                    journal.files[&name].len()
-                )),
+                Ok(got) => live_mismatches.push(
+                    format!("ino {}: ", ino_of(&work.join(&name)))
+                        + &format!(
+                            "{name}: {} bytes read, {} expected; {}",
+                            got.len(),
+                            journal.files[&name].len(),
+                            mismatch_detail(&got, &journal.files[&name])
+                        )
+                        + &matching_past(&journal, &got, &journal.files[&name]),
+                ),
                 Err(e) => {
                     let early = (!killed.load(SeqCst)).then(|| format!("reading {name}: {e}"));
                     return WorkerEnd { journal, ops, early_error: early, live_mismatches };
@@ -379,6 +486,7 @@ struct Verdict {
 /// whatever it left, so the journal stays a record of durable state), and returns what is
 /// wrong.
 fn verify(work: &Path, journal: &mut Journal) -> Verdict {
+    trace(|| format!("-- node killed and restarted after change #{}", journal.done));
     let mut verdict =
         Verdict { lost_bytes: 0, problems: Vec::new(), outcome: "none".into(), files: 0, bytes: 0 };
     let found = match read_tree(work) {
@@ -401,12 +509,14 @@ fn verify(work: &Path, journal: &mut Journal) -> Verdict {
                 let differing = want.iter().zip(got).filter(|(a, b)| a != b).count();
                 let lost = differing + want.len().saturating_sub(got.len());
                 verdict.lost_bytes += lost as u64;
-                let first = want.iter().zip(got).position(|(a, b)| a != b);
-                verdict.problems.push(format!(
-                    "{name}: {} bytes, {} expected, first difference at {first:?}",
-                    got.len(),
-                    want.len()
-                ));
+                verdict.problems.push(
+                    format!(
+                        "{name}: {} bytes, {} expected; {}",
+                        got.len(),
+                        want.len(),
+                        mismatch_detail(got, want)
+                    ) + &matching_past(journal, got, want),
+                );
             }
             (Some(want), None) => {
                 verdict.lost_bytes += want.len() as u64;
