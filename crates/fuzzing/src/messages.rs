@@ -19,7 +19,7 @@ use crate::{largest_allocation_during, mode_and_rest};
 const PREALLOCATION_BYTES_MAX: usize = 1024 * 1024;
 
 /// Every message type a service or client decodes from a frame, as `(name, check)`.
-pub const MESSAGES: &[(&str, fn(&[u8]))] = &[
+pub const MESSAGES: &[(&str, crate::Target)] = &[
     ("MetaRequest", check::<MetaRequest>),
     ("MetaReply", check::<MetaReply>),
     ("ChunkRead", check::<ChunkRead>),

@@ -12,7 +12,7 @@ use stria_mgmt::api_types::{
 use crate::mode_and_rest;
 
 /// Every JSON body type of the API, as `(name, check)`.
-pub const BODIES: &[(&str, fn(&[u8]))] = &[
+pub const BODIES: &[(&str, crate::Target)] = &[
     ("CreateVolume", check::<CreateVolume>),
     ("ResizeVolume", check::<ResizeVolume>),
     ("CreateExport", check::<CreateExport>),
