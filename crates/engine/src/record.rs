@@ -94,6 +94,12 @@ impl ChunkRecord {
             if e.blocks == 0 || end > slots as u64 {
                 return Err(format!("extent at block {} runs past the chunk end", e.logical));
             }
+            if e.physical.checked_add(e.blocks as u64).is_none() {
+                return Err(format!(
+                    "extent at block {} runs past the last block number",
+                    e.logical
+                ));
+            }
             for k in 0..e.blocks {
                 let slot = &mut blocks[(e.logical + k) as usize];
                 if slot.is_some() {
@@ -180,5 +186,19 @@ mod tests {
         bytes[1] = 0; // length 0: the extent now runs past the end
         assert!(ChunkRecord::decode(&bytes).is_err());
         assert!(ChunkRecord::decode(&[9, 9, 9]).is_err());
+    }
+
+    /// An extent whose physical run would pass the end of the u64 block space is damage, not
+    /// a record (block numbers are added up when the record is read and when space is freed).
+    #[test]
+    fn rejects_an_extent_past_the_last_block_number() {
+        let disk = RecordDisk {
+            version: RECORD_VERSION,
+            len_bytes: 2 * BLOCK as u32,
+            extents: vec![Extent { logical: 0, physical: u64::MAX, blocks: 2 }],
+            crcs: vec![0; 8],
+        };
+        let bytes = postcard::to_allocvec(&disk).expect("encode");
+        assert!(ChunkRecord::decode(&bytes).is_err());
     }
 }
