@@ -25,8 +25,12 @@ mod commit;
 mod engine;
 mod error;
 mod packer;
-mod record;
-mod superblock;
+// Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
+#[doc(hidden)]
+pub mod record;
+// Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
+#[doc(hidden)]
+pub mod superblock;
 pub mod testing;
 mod usage;
 

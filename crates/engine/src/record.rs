@@ -21,13 +21,13 @@ const _: () = assert!(CHUNK_BYTES_MAX.is_multiple_of(BLOCK as u32));
 
 /// One mapped logical block: where its bytes live and their checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BlockRef {
+pub struct BlockRef {
     pub physical: u64,
     pub crc: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ChunkRecord {
+pub struct ChunkRecord {
     pub len_bytes: u32,
     /// Slot `i` describes logical block `i`; the vector never extends past the chunk length.
     pub blocks: Vec<Option<BlockRef>>,
@@ -49,12 +49,12 @@ struct RecordDisk {
 }
 
 /// Number of 4 KiB blocks that cover `len_bytes`.
-pub(crate) fn blocks_for(len_bytes: u64) -> u32 {
+pub fn blocks_for(len_bytes: u64) -> u32 {
     len_bytes.div_ceil(BLOCK as u64) as u32
 }
 
 impl ChunkRecord {
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut extents: Vec<Extent> = Vec::new();
         let mut crcs = Vec::new();
         for (i, slot) in self.blocks.iter().enumerate() {
@@ -74,7 +74,7 @@ impl ChunkRecord {
         postcard::to_allocvec(&disk).unwrap_or_default()
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
+    pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
         let disk: RecordDisk = postcard::from_bytes(bytes).map_err(|e| e.to_string())?;
         if disk.version != RECORD_VERSION {
             return Err(format!("record version {}, expected {RECORD_VERSION}", disk.version));
@@ -94,6 +94,12 @@ impl ChunkRecord {
             if e.blocks == 0 || end > slots as u64 {
                 return Err(format!("extent at block {} runs past the chunk end", e.logical));
             }
+            if e.physical.checked_add(e.blocks as u64).is_none() {
+                return Err(format!(
+                    "extent at block {} runs past the last block number",
+                    e.logical
+                ));
+            }
             for k in 0..e.blocks {
                 let slot = &mut blocks[(e.logical + k) as usize];
                 if slot.is_some() {
@@ -112,7 +118,7 @@ impl ChunkRecord {
 
     /// The mapped logical blocks as runs `(first block, blocks)`, in logical order; the
     /// blocks between runs are holes.
-    pub(crate) fn mapped_runs(&self) -> Vec<(u32, u32)> {
+    pub fn mapped_runs(&self) -> Vec<(u32, u32)> {
         let mut runs: Vec<(u32, u32)> = Vec::new();
         for (i, slot) in self.blocks.iter().enumerate() {
             if slot.is_none() {
@@ -127,12 +133,12 @@ impl ChunkRecord {
     }
 
     /// How many logical blocks are mapped (hold data).
-    pub(crate) fn mapped_blocks(&self) -> u64 {
+    pub fn mapped_blocks(&self) -> u64 {
         self.blocks.iter().flatten().count() as u64
     }
 
     /// The physical blocks this record holds, as sorted runs `(start, blocks)`.
-    pub(crate) fn physical_runs(&self) -> Vec<(u64, u64)> {
+    pub fn physical_runs(&self) -> Vec<(u64, u64)> {
         let mut physical: Vec<u64> = self.blocks.iter().flatten().map(|b| b.physical).collect();
         physical.sort_unstable();
         runs_of(&physical)
@@ -140,7 +146,7 @@ impl ChunkRecord {
 }
 
 /// Coalesces sorted block numbers into runs `(start, blocks)`.
-pub(crate) fn runs_of(sorted: &[u64]) -> Vec<(u64, u64)> {
+pub fn runs_of(sorted: &[u64]) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for &p in sorted {
         match runs.last_mut() {
@@ -180,5 +186,19 @@ mod tests {
         bytes[1] = 0; // length 0: the extent now runs past the end
         assert!(ChunkRecord::decode(&bytes).is_err());
         assert!(ChunkRecord::decode(&[9, 9, 9]).is_err());
+    }
+
+    /// An extent whose physical run would pass the end of the u64 block space is damage, not
+    /// a record (block numbers are added up when the record is read and when space is freed).
+    #[test]
+    fn rejects_an_extent_past_the_last_block_number() {
+        let disk = RecordDisk {
+            version: RECORD_VERSION,
+            len_bytes: 2 * BLOCK as u32,
+            extents: vec![Extent { logical: 0, physical: u64::MAX, blocks: 2 }],
+            crcs: vec![0; 8],
+        };
+        let bytes = postcard::to_allocvec(&disk).expect("encode");
+        assert!(ChunkRecord::decode(&bytes).is_err());
     }
 }

@@ -19,12 +19,12 @@ use stria_proto::fs::TargetId;
 
 use crate::BLOCK;
 
-pub(crate) const MAGIC: [u8; 8] = *b"STRIAENG";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub const MAGIC: [u8; 8] = *b"STRIAENG";
+pub const FORMAT_VERSION: u32 = 1;
 const CRC_AT: usize = BLOCK - 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Superblock {
+pub struct Superblock {
     pub target: TargetId,
     pub engine_uuid: Uuid,
     pub array_uuid: Uuid,
@@ -33,7 +33,7 @@ pub(crate) struct Superblock {
 }
 
 impl Superblock {
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; BLOCK];
         b[0..8].copy_from_slice(&MAGIC);
         b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -47,7 +47,7 @@ impl Superblock {
         b
     }
 
-    pub(crate) fn decode(b: &[u8]) -> Result<Superblock, String> {
+    pub fn decode(b: &[u8]) -> Result<Superblock, String> {
         if b.len() != BLOCK {
             return Err(format!("superblock is {} bytes, not {BLOCK}", b.len()));
         }

@@ -11,7 +11,9 @@ mod error;
 mod names;
 mod namespace;
 mod perm;
-mod record;
+// Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
+#[doc(hidden)]
+pub mod record;
 mod rename;
 pub mod service;
 mod stats;

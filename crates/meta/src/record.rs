@@ -7,10 +7,10 @@ use crate::error::{MetaError, Result};
 use crate::types::{Attr, EXTENSION_BYTES_MAX, FileKind, SIZE_CLASS_BOUNDS, Timestamp};
 
 /// Version of the inode record encoding; bump it with a decoder for the old one.
-pub(crate) const RECORD_FORMAT: u8 = 1;
+pub const RECORD_FORMAT: u8 = 1;
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub(crate) struct Inode {
+pub struct Inode {
     pub kind: FileKind,
     pub mode: u32,
     pub uid: u32,
@@ -35,7 +35,7 @@ pub(crate) struct Inode {
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub(crate) enum Body {
+pub enum Body {
     /// Fifos, sockets, devices.
     Special,
     File(FileData),
@@ -44,13 +44,13 @@ pub(crate) enum Body {
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub(crate) enum FileData {
+pub enum FileData {
     Inline(Vec<u8>),
     Chunked(FileLayout),
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub(crate) struct DirBody {
+pub struct DirBody {
     /// Sequence number the next entry gets; readdir cookies are built from it.
     pub next_seq: u64,
     pub policy: LayoutPolicy,
@@ -58,7 +58,7 @@ pub(crate) struct DirBody {
 
 /// The first sequence number of a directory's entries. Cookies 0, 1 and 2 all mean "from
 /// the start", so a caller may use 1 and 2 for `.` and `..`.
-pub(crate) const FIRST_SEQ: u64 = 3;
+pub const FIRST_SEQ: u64 = 3;
 
 impl Inode {
     pub fn encode(&self) -> Result<Vec<u8>> {
@@ -119,14 +119,14 @@ impl Inode {
 }
 
 /// The histogram class of a file of `size` bytes.
-pub(crate) fn size_class(size: u64) -> u64 {
+pub fn size_class(size: u64) -> u64 {
     SIZE_CLASS_BOUNDS.iter().position(|&bound| size < bound).unwrap_or(SIZE_CLASS_BOUNDS.len())
         as u64
 }
 
 /// The extension counted for `name`: the part after the last dot, lower-cased, when it is
 /// short and alphanumeric and the name does not start with that dot.
-pub(crate) fn extension_of(name: &[u8]) -> String {
+pub fn extension_of(name: &[u8]) -> String {
     let Some(dot) = name.iter().rposition(|&b| b == b'.') else {
         return String::new();
     };

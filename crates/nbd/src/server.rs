@@ -264,6 +264,16 @@ impl Server {
         &self.shared.exports
     }
 
+    /// Serves one connection arriving over an in-memory pipe, as if from `peer`, and returns
+    /// when it ends. The handshake and transmission code is the one TCP connections run; tests
+    /// and the fuzz targets (crates/fuzzing) use it to drive the server without sockets.
+    #[doc(hidden)]
+    pub async fn serve_in_memory(&self, stream: tokio::io::DuplexStream, peer: SocketAddr) {
+        bump(&self.shared.stats.connections_accepted, 1);
+        let shutdown = self.shutdown.subscribe();
+        serve_connection(&self.shared, Transport::Memory(stream), peer, shutdown).await;
+    }
+
     /// Serves connections from `listener` until [`ShutdownHandle::shutdown`], then waits for
     /// connections to finish (at most `shutdown_grace`) and returns.
     pub async fn serve(self, listener: TcpListener) -> io::Result<()> {
@@ -290,7 +300,7 @@ impl Server {
                         let shared = shared.clone();
                         let shutdown = self.shutdown.subscribe();
                         connections.spawn(async move {
-                            serve_connection(&shared, stream, peer, shutdown).await;
+                            serve_tcp(&shared, stream, peer, shutdown).await;
                             drop(slot);
                         });
                     }
@@ -330,19 +340,28 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
-async fn serve_connection(
+async fn serve_tcp(
     shared: &Shared,
     stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
+    // Replies are whole messages; Nagle would only delay them.
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(%peer, error = %e, "could not set TCP_NODELAY");
+    }
+    serve_connection(shared, Transport::Plain(stream), peer, shutdown).await;
+}
+
+async fn serve_connection(
+    shared: &Shared,
+    transport: Transport,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {
     bump(&shared.stats.connections_active, 1);
     let _active = ActiveGuard(&shared.stats);
-    // Replies are whole messages; Nagle would only delay them.
-    if let Err(e) = stream.set_nodelay(true) {
-        debug!(%peer, error = %e, "could not set TCP_NODELAY");
-    }
-    let handshake = handshake::run(shared, Transport::Plain(stream), peer, &mut shutdown);
+    let handshake = handshake::run(shared, transport, peer, &mut shutdown);
     let negotiated = match tokio::time::timeout(shared.config.handshake_timeout, handshake).await {
         Err(_) => {
             bump(&shared.stats.handshakes_failed, 1);

@@ -11,6 +11,9 @@ use tokio_rustls::server::TlsStream;
 pub(crate) enum Transport {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+    /// An in-memory pipe ([`crate::Server::serve_in_memory`]): tests and fuzzing drive the
+    /// real protocol code without sockets. `NBD_OPT_STARTTLS` is refused on it.
+    Memory(tokio::io::DuplexStream),
 }
 
 impl std::fmt::Debug for Transport {
@@ -18,6 +21,7 @@ impl std::fmt::Debug for Transport {
         f.write_str(match self {
             Transport::Plain(_) => "Transport::Plain",
             Transport::Tls(_) => "Transport::Tls",
+            Transport::Memory(_) => "Transport::Memory",
         })
     }
 }
@@ -31,6 +35,7 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -44,6 +49,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -55,6 +61,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -62,6 +69,7 @@ impl AsyncWrite for Transport {
         match self {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
+            Transport::Memory(s) => s.is_write_vectored(),
         }
     }
 
@@ -69,6 +77,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -76,6 +85,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

@@ -117,7 +117,9 @@ pub fn scan(ring: &[u8], array: Uuid, epoch: u64) -> Vec<Record> {
             }
             let payload_bytes = usize::try_from(u64_at(h, 48)).ok()?;
             let count = u16::from_le_bytes([h[56], h[57]]) as usize;
-            if count > RECORD_ENTRIES_MAX || at + HEADER_BYTES + payload_bytes > ring.len() {
+            // The declared length is the disk's word: add it without trusting it not to wrap.
+            let end = (at + HEADER_BYTES).checked_add(payload_bytes)?;
+            if count > RECORD_ENTRIES_MAX || end > ring.len() {
                 return None;
             }
             let entries: Vec<Entry> = (0..count)
@@ -204,6 +206,24 @@ mod tests {
         assert_eq!(found[0].stripe, 10);
         assert_eq!(found[0].entries, entries);
         assert_eq!(&found[0].payload[..4096], &a[..]);
+    }
+
+    /// Found by the `raid_journal` fuzz target: a header (with a valid CRC) declaring a
+    /// payload of nearly 2^64 bytes overflowed the bounds check instead of being skipped.
+    #[test]
+    fn a_header_declaring_an_enormous_payload_is_skipped() {
+        let array = Uuid::random();
+        let entries = [Entry { drive: 1, row: 0, rows: 1 }];
+        let good = encode(array, 9, 1, 2, &entries, &[&[0x33; 4096]]);
+        let mut forged = good.to_vec();
+        forged[48..56].copy_from_slice(&(u64::MAX - 255).to_le_bytes());
+        let crc = crc32c::crc32c(&forged[..HEADER_BYTES - 4]);
+        forged[HEADER_BYTES - 4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        let mut ring = forged;
+        ring.extend_from_slice(&good);
+        let found = scan(&ring, array, 9);
+        assert_eq!(found.len(), 1, "only the honest record is found");
+        assert_eq!(found[0].seq, 1);
     }
 
     #[test]

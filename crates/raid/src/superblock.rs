@@ -148,6 +148,30 @@ impl Layout {
     pub fn min_capacity(&self) -> u64 {
         self.data_offset + self.data_bytes
     }
+
+    /// Whether this layout could have come from [`Layout::compute`]: the regions follow the
+    /// label in order without overlapping or overflowing, the data area is not empty, and the
+    /// bitmap (at most [`BITMAP_BYTES`]) has a bit for every region of it. Assembly sizes
+    /// buffers from these fields and adds them up, so a label that fails this is refused.
+    pub fn is_consistent(&self) -> bool {
+        let regions = [
+            (self.bitmap_offset, self.bitmap_bytes),
+            (self.journal_offset, self.journal_bytes),
+            (self.crc_offset, self.crc_bytes),
+            (self.data_offset, self.data_bytes),
+        ];
+        let mut end = SUPERBLOCK_BYTES as u64;
+        for (offset, bytes) in regions {
+            match offset.checked_add(bytes) {
+                Some(region_end) if offset >= end => end = region_end,
+                _ => return false,
+            }
+        }
+        self.data_bytes > 0
+            && self.bitmap_region_bytes > 0
+            && self.bitmap_bytes <= BITMAP_BYTES
+            && self.data_bytes.div_ceil(self.bitmap_region_bytes) <= self.bitmap_bytes * 8
+    }
 }
 
 /// The decoded superblock of one drive.
@@ -305,7 +329,7 @@ impl Superblock {
             data_offset: l(7),
             data_bytes: l(8),
         };
-        if layout.bitmap_region_bytes == 0 || layout.data_bytes == 0 {
+        if !layout.is_consistent() {
             return Err(SuperblockError::Field("layout"));
         }
         let mut slots = Vec::with_capacity(slot_count);
@@ -397,6 +421,26 @@ mod tests {
         assert_eq!(Superblock::decode(&bytes), Err(SuperblockError::Version(9)));
     }
 
+    /// Found by the `drive_superblock` fuzz target: labels with a valid checksum but a layout
+    /// whose sums overflow, whose bitmap cannot cover the data area, or that asks for a huge
+    /// bitmap made assembly panic or abort; they are refused as damaged now.
+    #[test]
+    fn labels_with_impossible_layouts_are_refused() {
+        let forgeries: [fn(&mut Layout); 5] = [
+            |l| l.data_offset = u64::MAX - 4096,
+            |l| l.bitmap_region_bytes = 512,
+            |l| l.bitmap_bytes = 1 << 40,
+            |l| l.journal_offset = l.bitmap_offset,
+            |l| l.crc_bytes = u64::MAX,
+        ];
+        for forge in forgeries {
+            let mut sb = sample();
+            forge(&mut sb.layout);
+            assert_eq!(Superblock::decode(&sb.encode()), Err(SuperblockError::Field("layout")));
+        }
+        assert!(sample().layout.is_consistent());
+    }
+
     #[test]
     fn layout_fits_the_drive_and_covers_every_data_block() {
         for capacity in [16u64 << 20, 1 << 30, 3_000_000_000_000] {
@@ -407,6 +451,7 @@ mod tests {
             assert_eq!(l.data_offset % (1 << 20), 0);
             assert_eq!(l.data_bytes % 65536, 0);
             assert!(l.data_bytes.div_ceil(l.bitmap_region_bytes) <= BITMAP_BITS);
+            assert!(l.is_consistent());
             // Metadata costs about 0.1% plus the fixed regions.
             assert!(l.data_bytes > capacity / 100 * 90 || capacity < 1 << 30);
         }

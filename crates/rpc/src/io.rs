@@ -13,7 +13,7 @@ use crate::frame::{FrameError, HEADER_BYTES, Header, Limits};
 
 /// Bytes read from the socket at a time for headers and small frames. Big payloads bypass it
 /// and are read straight into their own buffer.
-const READ_BUFFER_BYTES: usize = 64 * 1024;
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// Most frames gathered into one vectored write (3 slices each; Linux allows 1024 slices).
 pub(crate) const WRITE_BATCH_FRAMES_MAX: usize = 64;
 /// Stop adding frames to a batch beyond this many bytes so a burst of big responses does not
@@ -22,7 +22,7 @@ pub(crate) const WRITE_BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// Why reading a frame failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ReadError {
+pub enum ReadError {
     #[error("{0}")]
     Frame(#[from] FrameError),
     #[error("connection closed in the middle of a frame ({got} of {want} bytes)")]
@@ -34,13 +34,14 @@ pub(crate) enum ReadError {
 /// A decoded frame as the reader hands it out. The message and data of one frame share one
 /// allocation.
 #[derive(Debug)]
-pub(crate) struct Incoming {
+pub struct Incoming {
     pub header: Header,
     pub message: Bytes,
     pub data: Bytes,
 }
 
-pub(crate) struct FrameReader<R> {
+#[derive(Debug)]
+pub struct FrameReader<R> {
     io: R,
     buf: BytesMut,
     limits: Limits,

@@ -14,7 +14,9 @@
 pub mod auth;
 pub mod client;
 pub mod frame;
-mod io;
+// Public only so the fuzz targets (crates/fuzzing) can drive the socket reader; not an API.
+#[doc(hidden)]
+pub mod io;
 pub mod pool;
 pub mod server;
 pub mod status;
