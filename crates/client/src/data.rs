@@ -128,10 +128,16 @@ pub(crate) async fn write(
             sync: false,
         };
         let storage = inner.storage.clone();
+        let purger = inner.purger.clone();
         let inode = inode.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            if let Err(error) = storage.chunk_write(request, data).await {
+            let mut written = storage.chunk_write(request.clone(), data.clone()).await;
+            if written == Err(FsStatus::NoSpace) && purger.drain().await.is_ok() {
+                // Removed files' space comes back with the drain: one more try.
+                written = storage.chunk_write(request, data).await;
+            }
+            if let Err(error) = written {
                 inode.state().write_error.get_or_insert(error);
             }
             drop(permit);

@@ -13,6 +13,7 @@
 
 mod data;
 mod files;
+mod purge;
 mod transport;
 mod volume;
 
@@ -21,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, ObjectId, TargetId};
+use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, TargetId};
 use stria_proto::wire::{
     Attr, Caller, DirEntry, DriveField, FileKind, MetaReply, MetaRequest, Released, RenameFlags,
     SetAttr, StatFs, TargetAddSpare, TargetInfo, TargetReplaceDrive, XattrSetMode, storage_method,
@@ -99,9 +100,11 @@ pub struct Client {
 struct Inner {
     runtime: Handle,
     config: ClientConfig,
-    meta: MetaConn,
+    meta: Arc<MetaConn>,
     storage: StorageConns,
     files: OpenFiles,
+    /// Chunks of released inodes, removed once their release is durable.
+    purger: Arc<purge::Purger>,
 }
 
 impl Client {
@@ -111,7 +114,10 @@ impl Client {
         let storage =
             StorageConns::new(&config.targets, config.request_timeout, config.secret.clone());
         let files = OpenFiles::new(config.write_behind_bytes);
-        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files }) }
+        let meta = Arc::new(meta);
+        let purger = purge::Purger::new(meta.clone(), storage.clone());
+        runtime.spawn(purger.clone().run());
+        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files, purger }) }
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {
@@ -297,8 +303,8 @@ impl Client {
         self.release_inode(reply)
     }
 
-    /// Removes the chunks of an inode the metadata service released (its last link went away
-    /// and nobody has it open; an open one is released by its last `release`).
+    /// Queues the chunks of an inode the metadata service released (its last link went away
+    /// and nobody has it open; an open one is released by its last `release`) for removal.
     fn release_inode(&self, reply: MetaReply) -> FsResult<()> {
         let released = match reply {
             MetaReply::Released(released) => released,
@@ -307,7 +313,9 @@ impl Client {
         let Some(Released { ino, layout: Some(layout) }) = released else {
             return Ok(());
         };
-        self.block(data::remove_chunks(&self.inner.storage, ObjectId(ino), &layout, 0))
+        // Not before the release is durable (see `purge`).
+        self.inner.purger.push(ino, layout);
+        Ok(())
     }
 
     pub fn readlink(&self, ino: Ino) -> FsResult<Vec<u8>> {
@@ -429,6 +437,8 @@ impl Client {
     }
 
     pub fn statfs(&self) -> FsResult<StatFs> {
+        // Space of removed files counts as free once it is.
+        let _ = self.block(self.inner.purger.drain());
         match self.meta(MetaRequest::StatFs)? {
             MetaReply::StatFs(statfs) => Ok(statfs),
             other => Err(unexpected(&other)),
@@ -514,9 +524,10 @@ impl Client {
     }
 
     /// Makes every metadata change durable.
+    /// Makes every metadata change durable, and removes the chunks of released inodes.
     pub fn sync_meta(&self) -> FsResult<()> {
         self.meta(MetaRequest::Sync)?;
-        Ok(())
+        self.block(self.inner.purger.drain())
     }
 
     pub fn config(&self) -> &ClientConfig {

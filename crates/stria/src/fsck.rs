@@ -23,8 +23,8 @@ pub struct FsckArgs {
     /// Skip the RAID redundancy check (reads every drive in full).
     #[arg(long)]
     pub skip_raid: bool,
-    /// Free stray chunks (left by writes a crash interrupted before the metadata recorded
-    /// them); without it they are only counted.
+    /// Free stray chunks and chunk tails past a file's end (left by writes and truncates a
+    /// crash interrupted); without it they are only counted.
     #[arg(long)]
     pub repair: bool,
 }
@@ -73,6 +73,7 @@ pub fn run(args: FsckArgs) -> Result<()> {
         }
     }
 
+    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans };
     let mut chunks = 0u64;
     let mut strays = 0u64;
     let mut chunk_bytes = 0u64;
@@ -84,30 +85,16 @@ pub fn run(args: FsckArgs) -> Result<()> {
         for (chunk, len) in all {
             chunks += 1;
             chunk_bytes += len as u64;
-            let ino = chunk.object.0;
-            // Strays: a crash can leave chunks whose metadata never became durable (a create,
-            // a spill of an inline file, a size). Nothing reads them; they only take space.
-            // Volume chunks belong to the registry's volumes instead of the namespace.
-            let owner: Option<(u64, &FileLayout)> = if ino & ObjectId::VOLUME_BIT != 0 {
-                volumes.get(&ino).map(|v| (v.size_bytes, &v.layout))
-            } else {
-                seen.get(&ino).and_then(|f| f.layout.as_ref().map(|l| (f.size, l)))
-            };
-            let stray = match owner {
-                None => !orphans.contains(&ino),
-                Some((size, l)) => chunk.index * l.chunk_bytes as u64 >= size,
-            };
-            if stray {
+            if let Some(fix) = owners.stray(chunk, len) {
                 strays += 1;
                 if args.repair {
-                    target
-                        .engine
-                        .remove(chunk)
-                        .with_context(|| format!("freeing stray chunk {chunk}"))?;
+                    fix.apply(&target.engine, chunk)?;
                 }
-                continue;
+                if matches!(fix, Stray::Remove) {
+                    continue;
+                }
             }
-            let Some((_, layout)) = owner else {
+            let Some((_, layout)) = owners.owner(chunk.object.0) else {
                 continue;
             };
             if layout.target_of(chunk.index) != target.id {
@@ -146,7 +133,8 @@ pub fn run(args: FsckArgs) -> Result<()> {
     if strays > 0 {
         let what = if args.repair { "freed" } else { "found (free them with --repair)" };
         println!(
-            "note: {strays} stray chunks from writes a crash interrupted {what}; nothing reads them"
+            "note: {strays} stray chunks or chunk tails past a file's end, from writes a crash \
+             interrupted, {what}; `stria up` frees them when it starts after a crash"
         );
     }
     if args.repair {
@@ -163,6 +151,91 @@ pub fn run(args: FsckArgs) -> Result<()> {
         println!("problem: {p}");
     }
     bail!("fsck found {} problems", problems.len())
+}
+
+/// Whose chunks are whose: the files of the namespace walk, the volumes of the registry, and
+/// the unlinked files still open when the node stopped.
+struct Owners<'a> {
+    seen: &'a BTreeMap<Ino, Seen>,
+    volumes: &'a BTreeMap<u64, stria_mgmt::VolumeRecord>,
+    orphans: &'a BTreeSet<Ino>,
+}
+
+/// What to do with a chunk holding bytes no file or volume owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stray {
+    /// No owner, or it lies wholly past its file's end.
+    Remove,
+    /// It holds bytes past its file's end: cut it there.
+    CutAt(u32),
+}
+
+impl Stray {
+    fn apply(self, engine: &stria_engine::Engine, chunk: stria_proto::fs::ChunkId) -> Result<()> {
+        match self {
+            Stray::Remove => engine.remove(chunk).map(drop),
+            Stray::CutAt(len) => engine.truncate(chunk, len),
+        }
+        .with_context(|| format!("freeing stray data of chunk {chunk}"))
+    }
+}
+
+impl Owners<'_> {
+    /// The size and layout of the file or volume object `ino` belongs to.
+    fn owner(&self, ino: u64) -> Option<(u64, &FileLayout)> {
+        if ino & ObjectId::VOLUME_BIT != 0 {
+            self.volumes.get(&ino).map(|v| (v.size_bytes, &v.layout))
+        } else {
+            self.seen.get(&ino).and_then(|f| f.layout.as_ref().map(|l| (f.size, l)))
+        }
+    }
+
+    /// Strays: a crash can leave chunks whose metadata never became durable (a create, a
+    /// spill, a size) and chunk bytes past a file's end whose trim never became durable
+    /// (a truncate). Nothing reads them while the file stays as it is, but a file that grows
+    /// later would show them in its holes, so they must go before it can.
+    fn stray(&self, chunk: stria_proto::fs::ChunkId, len: u32) -> Option<Stray> {
+        let ino = chunk.object.0;
+        let Some((size, layout)) = self.owner(ino) else {
+            return (!self.orphans.contains(&ino)).then_some(Stray::Remove);
+        };
+        let start = chunk.index * layout.chunk_bytes as u64;
+        if start >= size {
+            return Some(Stray::Remove);
+        }
+        let keep = size - start;
+        (u64::from(len) > keep).then(|| Stray::CutAt(keep as u32))
+    }
+}
+
+/// Frees every stray chunk and chunk tail of a node's targets (see [`Owners::stray`]) and
+/// makes that durable: `stria up` runs it when it starts after a crash, before anything can
+/// grow a file over them. Returns how many chunks it changed.
+pub fn free_strays(
+    meta: &Meta,
+    volumes: &[stria_mgmt::VolumeRecord],
+    targets: &[&stria_storage::Target],
+) -> Result<u64> {
+    let mut problems = Vec::new();
+    let seen = walk_namespace(meta, &mut problems)?;
+    for problem in &problems {
+        tracing::warn!(%problem, "namespace problem found while freeing strays");
+    }
+    let volumes: BTreeMap<u64, stria_mgmt::VolumeRecord> =
+        volumes.iter().map(|v| (v.object.0, v.clone())).collect();
+    let orphans: BTreeSet<Ino> = meta.orphans().context("listing orphans")?.into_iter().collect();
+    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans };
+    let mut freed = 0;
+    for target in targets {
+        for (chunk, len) in target.engine.all_chunks()? {
+            if let Some(fix) = owners.stray(chunk, len) {
+                fix.apply(&target.engine, chunk)?;
+                freed += 1;
+            }
+        }
+        target.engine.sync().with_context(|| format!("syncing {}", target.id))?;
+    }
+    Ok(freed)
 }
 
 fn walk_namespace(meta: &Meta, problems: &mut Vec<String>) -> Result<BTreeMap<Ino, Seen>> {

@@ -309,6 +309,8 @@ pub fn run(args: UpArgs) -> Result<()> {
     crate::init_file_logging(&log_path)?;
     interrupt::install();
 
+    // A run record left behind means the last run did not stop cleanly.
+    let crashed_before = data.join("run.json").exists();
     let node = load_or_create_node(&data, &args)?;
     let secret = stria_rpc::ClusterSecret::load_or_create(&secret_path(&data))?;
     let mut targets = Vec::new();
@@ -325,6 +327,11 @@ pub fn run(args: UpArgs) -> Result<()> {
     std::fs::create_dir_all(data.join("meta"))?;
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
     purge_orphans(&meta, &storage)?;
+    std::fs::create_dir_all(data.join("mgmt"))?;
+    let registry = stria_mgmt::Registry::open(&data.join("mgmt/registry.redb"))?;
+    if crashed_before {
+        free_strays_after_a_crash(&meta, &registry, &storage)?;
+    }
 
     let api_listener = crate::rest_role::bind(args.api_listen)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -350,8 +357,6 @@ pub fn run(args: UpArgs) -> Result<()> {
         .with_secret(secret.clone()),
     );
 
-    std::fs::create_dir_all(data.join("mgmt"))?;
-    let registry = stria_mgmt::Registry::open(&data.join("mgmt/registry.redb"))?;
     let pools: stria_mgmt::PoolResolver = {
         let targets = pool_targets.clone();
         Arc::new(move |pool: &str| if pool == "default" { targets.clone() } else { Vec::new() })
@@ -454,6 +459,10 @@ pub fn run(args: UpArgs) -> Result<()> {
     mgmt_handle.shutdown();
     let _ = runtime.block_on(mgmt_task);
     drop(mgmt);
+    // Removed files' chunks still queued go now, while the services still run.
+    if let Err(e) = client.sync_meta() {
+        tracing::warn!(%e, "removing the chunks of removed files at stop");
+    }
     drop(client);
     runtime.block_on(services.shutdown());
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -462,6 +471,23 @@ pub fn run(args: UpArgs) -> Result<()> {
     let _ = std::fs::remove_file(data.join("run.json"));
     eprintln!("stopped cleanly");
     result
+}
+
+/// After a crash, chunk data that no file or volume owns, or that lies past its file's end,
+/// goes before anything can grow a file over it (see `fsck::free_strays`).
+fn free_strays_after_a_crash(
+    meta: &stria_meta::Meta,
+    registry: &stria_mgmt::Registry,
+    storage: &StorageService,
+) -> Result<()> {
+    let volumes = registry.volumes().context("listing volumes")?;
+    let targets: Vec<&stria_storage::Target> = storage.targets().map(|t| t.as_ref()).collect();
+    let freed = crate::fsck::free_strays(meta, &volumes, &targets)
+        .context("freeing the chunk data a crash left behind")?;
+    if freed > 0 {
+        tracing::info!(chunks = freed, "freed stray chunk data left by the last crash");
+    }
+    Ok(())
 }
 
 /// Files unlinked while open when the node last stopped (or crashed) lose their chunks now.

@@ -90,8 +90,10 @@ impl Node {
         Ok(node)
     }
 
+    /// Starts `stria up`. The run record of a killed node stays where it is, as after a real
+    /// crash (the node then frees what the crash left behind); readiness waits for the new
+    /// node's own record.
     fn spawn(&mut self) -> Result<()> {
-        let _ = std::fs::remove_file(self.data.join("run.json"));
         std::fs::create_dir_all(&self.data)?;
         let out = std::fs::File::create(self.data.join("up.stdout"))?;
         let err = std::fs::File::create(self.data.join("up.stderr"))?;
@@ -109,7 +111,8 @@ impl Node {
                 self.child = None;
                 bail!("stria up exited at start with {status}: {}", self.stderr_tail());
             }
-            if self.data.join("run.json").exists() && is_mounted(&self.mount) {
+            let pid = self.child.as_ref().map(|c| c.id());
+            if pid.is_some() && self.record_pid() == pid && is_mounted(&self.mount) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -117,6 +120,13 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The pid in `DATA/run.json`, if there is a readable one.
+    fn record_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data.join("run.json")).ok()?;
+        let run: serde_json::Value = serde_json::from_str(&text).ok()?;
+        run["pid"].as_u64().map(|pid| pid as u32)
     }
 
     /// The last lines the node wrote to stderr, for error messages.

@@ -101,8 +101,9 @@ impl Node {
         node
     }
 
+    /// Starts `stria up`. A run record a killed node left stays, as after a real crash (the
+    /// node then frees what the crash left behind); readiness waits for the new node's own.
     fn spawn(&mut self) {
-        let _ = std::fs::remove_file(self.data.join("run.json"));
         std::fs::create_dir_all(&self.data).expect("data dir");
         let out = std::fs::File::create(self.data.join("up.stdout")).expect("stdout file");
         let err = std::fs::File::create(self.data.join("up.stderr")).expect("stderr file");
@@ -123,12 +124,20 @@ impl Node {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 panic!("stria up exited early with {status}: {}", self.stderr());
             }
-            if self.data.join("run.json").exists() && is_mounted(&self.mount) {
+            let pid = self.child.as_ref().map(Child::id);
+            if pid.is_some() && self.record_pid() == pid && is_mounted(&self.mount) {
                 return;
             }
             assert!(Instant::now() < deadline, "stria up not ready after 120 s: {}", self.stderr());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The pid in `DATA/run.json`, if there is a readable one.
+    fn record_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data.join("run.json")).ok()?;
+        let run: serde_json::Value = serde_json::from_str(&text).ok()?;
+        run["pid"].as_u64().map(|pid| pid as u32)
     }
 
     pub fn stderr(&self) -> String {

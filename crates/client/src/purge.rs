@@ -1,0 +1,104 @@
+//! Removing the chunks of released inodes, only once their release is durable.
+//!
+//! The metadata service commits an unlink or a replacing rename lazily: a crash before its
+//! next sync undoes it, and the name comes back. Had the chunks already gone, the file would
+//! come back without its bytes. So a released inode's chunks wait in this queue; a drain makes
+//! the metadata durable with one sync, then removes every queued inode's chunks. One sync
+//! covers a whole batch, so removing many files costs few syncs.
+//!
+//! A drain runs in the background at least every [`DRAIN_EVERY`], at once when
+//! [`BATCH_MAX`] inodes wait, and before anything that must see the space back: `fsync` of a
+//! directory, `statfs`, a write refused for lack of space, and the client's shutdown. A crash
+//! between the sync and the removal leaves chunks no file owns; `stria up` frees those when
+//! it starts after a crash.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stria_proto::fs::{FileLayout, Ino, ObjectId};
+use stria_proto::wire::MetaRequest;
+use tokio::sync::Notify;
+
+use crate::FsResult;
+use crate::data::remove_chunks;
+use crate::transport::{MetaConn, StorageConns};
+
+/// Most released inodes waiting before a drain starts by itself.
+pub(crate) const BATCH_MAX: usize = 256;
+/// Longest a released inode's chunks wait.
+pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Debug)]
+pub(crate) struct Purger {
+    meta: Arc<MetaConn>,
+    storage: StorageConns,
+    queue: Mutex<Vec<(Ino, FileLayout)>>,
+    /// One drain at a time, so a drain that returns has removed everything queued before it.
+    draining: tokio::sync::Mutex<()>,
+    wake: Notify,
+}
+
+impl Purger {
+    pub fn new(meta: Arc<MetaConn>, storage: StorageConns) -> Arc<Purger> {
+        Arc::new(Purger {
+            meta,
+            storage,
+            queue: Mutex::new(Vec::new()),
+            draining: tokio::sync::Mutex::new(()),
+            wake: Notify::new(),
+        })
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<(Ino, FileLayout)>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues the chunks of a released inode.
+    pub fn push(&self, ino: Ino, layout: FileLayout) {
+        let waiting = {
+            let mut queue = self.queue();
+            queue.push((ino, layout));
+            queue.len()
+        };
+        if waiting >= BATCH_MAX {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Makes every queued release durable, then removes the chunks. On failure the inodes
+    /// stay queued for the next drain.
+    pub async fn drain(&self) -> FsResult<()> {
+        let _one = self.draining.lock().await;
+        let batch = std::mem::take(&mut *self.queue());
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = self.meta.call(MetaRequest::Sync).await {
+            self.queue().extend(batch);
+            return Err(error);
+        }
+        let mut result = Ok(());
+        let mut failed = Vec::new();
+        for (ino, layout) in batch {
+            if let Err(error) = remove_chunks(&self.storage, ObjectId(ino), &layout, 0).await {
+                tracing::warn!(ino, %error, "removing a released file's chunks failed; retrying later");
+                failed.push((ino, layout));
+                result = Err(error);
+            }
+        }
+        self.queue().extend(failed);
+        result
+    }
+
+    /// The background drain: wakes on a full batch or every [`DRAIN_EVERY`]; stops once the
+    /// client is gone (only the task still holds the purger).
+    pub async fn run(self: Arc<Purger>) {
+        loop {
+            let _ = tokio::time::timeout(DRAIN_EVERY, self.wake.notified()).await;
+            let _ = self.drain().await;
+            if Arc::strong_count(&self) == 1 {
+                return;
+            }
+        }
+    }
+}
