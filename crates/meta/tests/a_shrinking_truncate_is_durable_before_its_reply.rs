@@ -11,13 +11,6 @@ use common::*;
 use stria_meta::*;
 use stria_proto::fs::ROOT_INO;
 
-/// The bytes a crash now would leave on disk: a copy of the database file as it stands.
-fn crash_image(path: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let image = tmp_path(name);
-    std::fs::copy(path, &image).expect("copy the database file");
-    image
-}
-
 #[test]
 fn a_shrinking_truncate_survives_a_crash_right_after_it() {
     let path = tmp_path("shrink-durable");

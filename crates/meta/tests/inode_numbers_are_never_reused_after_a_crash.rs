@@ -12,13 +12,6 @@ use common::*;
 use stria_meta::*;
 use stria_proto::fs::ROOT_INO;
 
-/// The bytes a crash now would leave on disk: a copy of the database file as it stands.
-fn crash_image(path: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let image = tmp_path(name);
-    std::fs::copy(path, &image).expect("copy the database file");
-    image
-}
-
 #[test]
 fn a_create_undone_by_a_crash_does_not_hand_its_number_out_again() {
     let path = tmp_path("ino-reuse");

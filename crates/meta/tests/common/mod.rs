@@ -48,3 +48,11 @@ pub fn tmp_path(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_file(&dir);
     dir
 }
+
+/// The bytes a crash now would leave on disk: a copy of the database file as it stands
+/// (commits that are not durable yet are not in it).
+pub fn crash_image(path: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let image = tmp_path(name);
+    std::fs::copy(path, &image).expect("copy the database file");
+    image
+}
