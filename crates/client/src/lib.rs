@@ -107,6 +107,28 @@ struct Inner {
     purger: Arc<purge::Purger>,
 }
 
+/// The last clone of a client removes the chunks still queued for removal (see `purge`), so
+/// a short-lived client (a CLI command) leaves none behind.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.purger.is_empty() {
+            return;
+        }
+        let purger = self.purger.clone();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Inside the runtime: no blocking here, the drain goes on as a task.
+            self.runtime.spawn(async move { purger.drain().await });
+            return;
+        }
+        let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.runtime.block_on(purger.drain())
+        }));
+        if !matches!(drained, Ok(Ok(()))) {
+            tracing::warn!("chunks of removed files left for `stria fsck --repair`");
+        }
+    }
+}
+
 impl Client {
     /// Connects lazily: the first request to each service opens its connection.
     pub fn new(runtime: Handle, config: ClientConfig) -> Client {

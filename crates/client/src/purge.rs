@@ -53,6 +53,10 @@ impl Purger {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.queue().is_empty()
+    }
+
     /// Queues the chunks of a released inode.
     pub fn push(&self, ino: Ino, layout: FileLayout) {
         let waiting = {

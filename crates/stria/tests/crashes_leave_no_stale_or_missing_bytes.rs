@@ -55,3 +55,45 @@ fn chunk_data_past_a_files_end_is_freed_after_a_crash() {
     let out = node.cli(&["fsck"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Removed files' chunks wait in the client for the removal to be durable; a short-lived
+/// client (a CLI command, a benchmark) removes them before it goes, so a node that stops
+/// cleanly keeps no chunks nobody owns.
+#[test]
+fn a_short_lived_client_leaves_no_chunks_of_removed_files() {
+    require_fuse();
+    let dir = scratch("purge-at-exit");
+    let mut node = Node::start(&dir, &ARGS);
+    {
+        let run: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(node.data.join("run.json")).unwrap())
+                .unwrap();
+        let addr =
+            |key: &str| -> std::net::SocketAddr { run[key].as_str().unwrap().parse().unwrap() };
+        let secret = stria_rpc::ClusterSecret::load(&node.data.join("cluster-secret")).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let routes = vec![(stria_proto::fs::TargetId(1), addr("storage"))];
+        let config = stria_client::ClientConfig::new(addr("meta"), routes).with_secret(secret);
+        let client = stria_client::Client::new(runtime.handle().clone(), config);
+        let root = Caller::root();
+        for i in 0..5 {
+            let name = format!("gone{i}");
+            let write = libc::W_OK as u32;
+            let (fh, _) =
+                client.create_open(&root, ROOT_INO, name.as_bytes(), 0o644, false, write).unwrap();
+            client.write(fh, 0, &pattern(i, 0, 300_000)).unwrap();
+            client.release(fh).unwrap();
+            client.unlink(&root, ROOT_INO, name.as_bytes()).unwrap();
+        }
+        drop(client);
+    }
+    node.stop();
+    let out = node.cli(&["fsck"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("stray"), "removed files left chunks behind: {text}");
+}
