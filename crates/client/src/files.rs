@@ -63,6 +63,10 @@ pub(crate) struct InodeState {
     /// for it before it is sent, so overlapping writes reach the targets in the order they
     /// were made (independent requests may otherwise overtake each other).
     pub in_flight: Vec<InFlight>,
+    /// This client created the file and set no extended attribute on it since: it has none
+    /// (as far as close-to-open consistency goes: another client's setxattr meanwhile is
+    /// seen at the next open).
+    pub no_xattrs: bool,
 }
 
 /// A queued write's range; the receiver closes when the write has finished.
@@ -124,6 +128,7 @@ impl OpenFiles {
                         sequential_hits: 0,
                         inline: None,
                         in_flight: Vec::new(),
+                        no_xattrs: false,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
@@ -211,6 +216,25 @@ impl OpenFiles {
     }
 
     /// A truncate is about to set the size: forget what this client believed.
+    /// The file was just created by this client: it has no extended attributes.
+    pub fn no_xattrs(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            inode.state().no_xattrs = true;
+        }
+    }
+
+    /// Whether the file is open here and known to have no extended attributes.
+    pub fn has_no_xattrs(&self, ino: Ino) -> bool {
+        self.inode(ino).is_some_and(|inode| inode.state().no_xattrs)
+    }
+
+    /// An extended attribute is being set or removed through this client.
+    pub fn may_have_xattrs(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            inode.state().no_xattrs = false;
+        }
+    }
+
     pub fn before_truncate(&self, ino: Ino, size: u64) {
         if let Some(inode) = self.inode(ino) {
             let mut state = inode.state();

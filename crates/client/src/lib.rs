@@ -246,9 +246,12 @@ impl Client {
         match self.meta(request)? {
             // An empty file's (no) bytes are known; one that already held bytes is read as
             // any other.
-            MetaReply::Open { attr, inline } => {
+            MetaReply::Open { attr, inline, created } => {
                 let known = if attr.size == 0 { Some(Vec::new()) } else { inline };
                 let fh = self.inner.files.open(&attr, known);
+                if created {
+                    self.inner.files.no_xattrs(attr.ino);
+                }
                 Ok((fh, self.inner.files.overlay(attr)))
             }
             other => Err(unexpected(&other)),
@@ -375,7 +378,7 @@ impl Client {
     pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
         let (attr, inline) =
             match self.meta(MetaRequest::Open { caller: caller.clone(), ino, mask })? {
-                MetaReply::Open { attr, inline } => (attr, inline),
+                MetaReply::Open { attr, inline, .. } => (attr, inline),
                 other => return Err(unexpected(&other)),
             };
         let fh = self.inner.files.open(&attr, inline);
@@ -418,6 +421,11 @@ impl Client {
     }
 
     pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
+        // A file this client created and still has open has none (the kernel asks for
+        // security.capability before every write): no request for that.
+        if self.inner.files.has_no_xattrs(ino) {
+            return Err(FsStatus::NoData);
+        }
         match self.meta(MetaRequest::GetXattr {
             caller: caller.clone(),
             ino,
@@ -436,6 +444,7 @@ impl Client {
         value: &[u8],
         mode: XattrSetMode,
     ) -> FsResult<()> {
+        self.inner.files.may_have_xattrs(ino);
         self.meta(MetaRequest::SetXattr {
             caller: caller.clone(),
             ino,
@@ -454,6 +463,7 @@ impl Client {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<()> {
+        self.inner.files.may_have_xattrs(ino);
         self.meta(MetaRequest::RemoveXattr { caller: caller.clone(), ino, name: name.to_vec() })?;
         Ok(())
     }

@@ -138,7 +138,7 @@ impl MetaService {
                         meta.access(attr.ino, &caller, mask)?;
                     }
                     meta.open_file(attr.ino)?;
-                    MetaReply::Open { attr: self.wire_attr(attr), inline: None }
+                    MetaReply::Open { attr: self.wire_attr(attr), inline: None, created }
                 } else {
                     self.attr(attr)?
                 }
@@ -192,7 +192,7 @@ impl MetaService {
                 } else {
                     None
                 };
-                MetaReply::Open { attr, inline }
+                MetaReply::Open { attr, inline, created: false }
             }
             MetaRequest::Release { ino } => MetaReply::Released(meta.release(ino)?.map(released)),
             MetaRequest::ReadInline { ino } => {

@@ -448,6 +448,8 @@ pub enum MetaReply {
     Open {
         attr: Attr,
         inline: Option<Vec<u8>>,
+        /// The open created the file (FUSE's create): it has no extended attributes yet.
+        created: bool,
     },
     Spilled {
         layout: FileLayout,

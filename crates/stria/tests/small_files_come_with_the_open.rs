@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use stria_client::{Client, ClientConfig};
 use stria_proto::fs::{FsStatus, ROOT_INO, TargetId};
-use stria_proto::wire::{Caller, SetAttr};
+use stria_proto::wire::{Caller, SetAttr, XattrSetMode};
 use support::node::{Node, pattern, require_fuse, scratch};
 
 fn native(node: &Node) -> (Client, tokio::runtime::Runtime) {
@@ -116,4 +116,45 @@ fn create_of_a_file_another_client_made_first_checks_and_keeps_it() {
     assert_eq!(client.read(fh, 0, 4096).unwrap(), content, "the file keeps its bytes");
     client.release(fh).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), content);
+}
+
+/// A file this client created is known to have no extended attributes while it is open here
+/// (the kernel asks for security.capability before every write, and that is answered without
+/// a request); the client's own setxattr and removexattr are seen at once.
+#[test]
+fn xattrs_of_a_file_created_here_follow_its_own_changes() {
+    require_fuse();
+    let dir = scratch("created-xattrs");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
+    let (client, _runtime) = native(&node);
+    let root = Caller::root();
+    let write = libc::W_OK as u32;
+    let (fh, attr) = client.create_open(&root, ROOT_INO, b"fresh", 0o644, false, write).unwrap();
+    let ino = attr.ino;
+    assert_eq!(client.getxattr(&root, ino, b"user.k").unwrap_err(), FsStatus::NoData);
+    client.setxattr(&root, ino, b"user.k", b"v1", XattrSetMode::Any).unwrap();
+    assert_eq!(client.getxattr(&root, ino, b"user.k").unwrap(), b"v1");
+    client.removexattr(&root, ino, b"user.k").unwrap();
+    assert_eq!(client.getxattr(&root, ino, b"user.k").unwrap_err(), FsStatus::NoData);
+    client.release(fh).unwrap();
+
+    // Set through the mount while this client has the file open: seen at its next open.
+    let (fh, _) = client.open(&root, ino, write).unwrap();
+    std::fs::File::open(node.mount.join("fresh")).unwrap();
+    xattr_set(&node.mount.join("fresh"), "user.m", b"from the mount");
+    client.release(fh).unwrap();
+    let (fh, _) = client.open(&root, ino, write).unwrap();
+    assert_eq!(client.getxattr(&root, ino, b"user.m").unwrap(), b"from the mount");
+    client.release(fh).unwrap();
+}
+
+fn xattr_set(path: &std::path::Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
+    let rc = unsafe {
+        libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+    };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
 }
