@@ -12,7 +12,7 @@ mod support;
 
 use stria_meta::{Caller, Commit, Meta, MetaOptions, SetAttr};
 use stria_proto::fs::ROOT_INO;
-use support::node::{Node, pattern, require_fuse, scratch};
+use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
 
@@ -65,20 +65,7 @@ fn a_short_lived_client_leaves_no_chunks_of_removed_files() {
     let dir = scratch("purge-at-exit");
     let mut node = Node::start(&dir, &ARGS);
     {
-        let run: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(node.data.join("run.json")).unwrap())
-                .unwrap();
-        let addr =
-            |key: &str| -> std::net::SocketAddr { run[key].as_str().unwrap().parse().unwrap() };
-        let secret = stria_rpc::ClusterSecret::load(&node.data.join("cluster-secret")).unwrap();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let routes = vec![(stria_proto::fs::TargetId(1), addr("storage"))];
-        let config = stria_client::ClientConfig::new(addr("meta"), routes).with_secret(secret);
-        let client = stria_client::Client::new(runtime.handle().clone(), config);
+        let (client, _runtime) = native_client(&node);
         let root = Caller::root();
         for i in 0..5 {
             let name = format!("gone{i}");

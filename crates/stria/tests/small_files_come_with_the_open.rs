@@ -5,37 +5,16 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
-use stria_client::{Client, ClientConfig};
-use stria_proto::fs::{FsStatus, ROOT_INO, TargetId};
+use stria_proto::fs::{FsStatus, ROOT_INO};
 use stria_proto::wire::{Caller, SetAttr, XattrSetMode};
-use support::node::{Node, pattern, require_fuse, scratch};
-
-fn native(node: &Node) -> (Client, tokio::runtime::Runtime) {
-    let run: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(node.data.join("run.json")).unwrap())
-            .unwrap();
-    let addr = |key: &str| -> SocketAddr { run[key].as_str().unwrap().parse().unwrap() };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let secret = stria_rpc::ClusterSecret::load(&node.data.join("cluster-secret")).unwrap();
-    let probe = Client::new(
-        runtime.handle().clone(),
-        ClientConfig::new(addr("meta"), vec![(TargetId(0), addr("storage"))])
-            .with_secret(secret.clone()),
-    );
-    let routes = probe.targets().unwrap().iter().map(|t| (t.target, addr("storage"))).collect();
-    let config = ClientConfig::new(addr("meta"), routes).with_secret(secret);
-    (Client::new(runtime.handle().clone(), config), runtime)
-}
+use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
 #[test]
 fn small_files_read_from_the_open_stay_fresh() {
     require_fuse();
     let dir = scratch("small-files-open");
     let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
-    let (client, _runtime) = native(&node);
+    let (client, _runtime) = native_client(&node);
     let root = Caller::root();
     let a = pattern(1, 0, 3000);
     let b = pattern(2, 0, 3000);
@@ -99,7 +78,7 @@ fn create_of_a_file_another_client_made_first_checks_and_keeps_it() {
     require_fuse();
     let dir = scratch("create-existing");
     let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
-    let (client, _runtime) = native(&node);
+    let (client, _runtime) = native_client(&node);
     let content = pattern(5, 0, 2000);
     let path = node.mount.join("theirs");
     std::fs::write(&path, &content).unwrap();
@@ -126,7 +105,7 @@ fn xattrs_of_a_file_created_here_follow_its_own_changes() {
     require_fuse();
     let dir = scratch("created-xattrs");
     let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
-    let (client, _runtime) = native(&node);
+    let (client, _runtime) = native_client(&node);
     let root = Caller::root();
     let write = libc::W_OK as u32;
     let (fh, attr) = client.create_open(&root, ROOT_INO, b"fresh", 0o644, false, write).unwrap();

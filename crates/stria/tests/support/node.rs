@@ -220,3 +220,32 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A client library connection to `node`'s services (with its cluster secret), beside the
+/// mount, and the runtime it runs on.
+pub fn native_client(node: &Node) -> (stria_client::Client, tokio::runtime::Runtime) {
+    use stria_client::{Client, ClientConfig};
+    use stria_proto::fs::TargetId;
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(node.data.join("run.json")).expect("run"))
+            .expect("run.json is JSON");
+    let addr = |key: &str| -> std::net::SocketAddr {
+        run[key].as_str().expect("address").parse().expect("socket address")
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let secret =
+        stria_rpc::ClusterSecret::load(&node.data.join("cluster-secret")).expect("cluster secret");
+    let probe = Client::new(
+        runtime.handle().clone(),
+        ClientConfig::new(addr("meta"), vec![(TargetId(0), addr("storage"))])
+            .with_secret(secret.clone()),
+    );
+    let targets = probe.targets().expect("the node lists its targets");
+    let routes = targets.iter().map(|t| (t.target, addr("storage"))).collect();
+    let config = ClientConfig::new(addr("meta"), routes).with_secret(secret);
+    (Client::new(runtime.handle().clone(), config), runtime)
+}
