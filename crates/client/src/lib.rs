@@ -558,8 +558,7 @@ impl Client {
     /// Makes every metadata change durable.
     /// Makes every metadata change durable, and removes the chunks of released inodes.
     pub fn sync_meta(&self) -> FsResult<()> {
-        self.meta(MetaRequest::Sync)?;
-        self.block(self.inner.purger.drain())
+        self.block(self.inner.purger.sync())
     }
 
     pub fn config(&self) -> &ClientConfig {

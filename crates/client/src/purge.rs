@@ -72,9 +72,19 @@ impl Purger {
     /// Makes every queued release durable, then removes the chunks. On failure the inodes
     /// stay queued for the next drain.
     pub async fn drain(&self) -> FsResult<()> {
+        self.sync_and_drain(false).await
+    }
+
+    /// Makes every metadata change durable (one sync, whether or not anything is queued),
+    /// then removes the queued chunks.
+    pub async fn sync(&self) -> FsResult<()> {
+        self.sync_and_drain(true).await
+    }
+
+    async fn sync_and_drain(&self, always_sync: bool) -> FsResult<()> {
         let _one = self.draining.lock().await;
         let batch = std::mem::take(&mut *self.queue());
-        if batch.is_empty() {
+        if batch.is_empty() && !always_sync {
             return Ok(());
         }
         if let Err(error) = self.meta.call(MetaRequest::Sync).await {
