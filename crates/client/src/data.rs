@@ -397,6 +397,12 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
     }
     if durable {
         inner.meta.call(MetaRequest::Sync).await?;
+        // A target or the metadata service that restarted since this file's last sync lost
+        // what it had not made durable yet.
+        if inner.watch.take_lost(file.ino) {
+            tracing::error!(ino = file.ino, "fsync failed: changes were lost by a restart");
+            return Err(FsStatus::Io);
+        }
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! requests on a tokio runtime it is given.
 
 mod data;
+mod durability;
 mod files;
 mod purge;
 mod transport;
@@ -105,6 +106,8 @@ struct Inner {
     files: OpenFiles,
     /// Chunks of released inodes, removed once their release is durable.
     purger: Arc<purge::Purger>,
+    /// Which acknowledged changes the services lost by restarting (see `durability`).
+    watch: Arc<durability::DurabilityWatch>,
 }
 
 /// The last clone of a client removes the chunks still queued for removal (see `purge`), so
@@ -132,14 +135,24 @@ impl Drop for Inner {
 impl Client {
     /// Connects lazily: the first request to each service opens its connection.
     pub fn new(runtime: Handle, config: ClientConfig) -> Client {
-        let meta = MetaConn::new(config.meta, config.request_timeout, config.secret.clone());
-        let storage =
-            StorageConns::new(&config.targets, config.request_timeout, config.secret.clone());
+        let watch = Arc::new(durability::DurabilityWatch::default());
+        let meta = MetaConn::new(
+            config.meta,
+            config.request_timeout,
+            config.secret.clone(),
+            watch.clone(),
+        );
+        let storage = StorageConns::new(
+            &config.targets,
+            config.request_timeout,
+            config.secret.clone(),
+            watch.clone(),
+        );
         let files = OpenFiles::new(config.write_behind_bytes);
         let meta = Arc::new(meta);
         let purger = purge::Purger::new(meta.clone(), storage.clone());
         runtime.spawn(purger.clone().run());
-        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files, purger }) }
+        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files, purger, watch }) }
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {
@@ -148,6 +161,10 @@ impl Client {
 
     fn meta(&self, request: MetaRequest) -> FsResult<MetaReply> {
         self.block(self.inner.meta.call(request))
+    }
+
+    fn meta_at(&self, request: MetaRequest) -> FsResult<(stria_proto::wire::Epoch, MetaReply)> {
+        self.block(self.inner.meta.call_at(request))
     }
 
     fn attr_reply(&self, request: MetaRequest) -> FsResult<Attr> {
@@ -298,8 +315,11 @@ impl Client {
     }
 
     pub fn unlink(&self, caller: &Caller, parent: Ino, name: &[u8]) -> FsResult<()> {
-        let reply =
-            self.meta(MetaRequest::Unlink { caller: caller.clone(), parent, name: name.to_vec() })?;
+        let reply = self.meta_at(MetaRequest::Unlink {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+        })?;
         self.release_inode(reply)
     }
 
@@ -317,7 +337,7 @@ impl Client {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let reply = self.meta(MetaRequest::Rename {
+        let reply = self.meta_at(MetaRequest::Rename {
             caller: caller.clone(),
             parent,
             name: name.to_vec(),
@@ -330,7 +350,7 @@ impl Client {
 
     /// Queues the chunks of an inode the metadata service released (its last link went away
     /// and nobody has it open; an open one is released by its last `release`) for removal.
-    fn release_inode(&self, reply: MetaReply) -> FsResult<()> {
+    fn release_inode(&self, (epoch, reply): (stria_proto::wire::Epoch, MetaReply)) -> FsResult<()> {
         let released = match reply {
             MetaReply::Released(released) => released,
             other => return Err(unexpected(&other)),
@@ -339,7 +359,7 @@ impl Client {
             return Ok(());
         };
         // Not before the release is durable (see `purge`).
-        self.inner.purger.push(ino, layout);
+        self.inner.purger.push(ino, layout, epoch);
         Ok(())
     }
 
@@ -415,7 +435,7 @@ impl Client {
         let file = self.inner.files.get(fh)?;
         let flushed = self.block(data::flush(&self.inner, &file, false));
         self.inner.files.close(fh);
-        let released = self.meta(MetaRequest::Release { ino: file.ino })?;
+        let released = self.meta_at(MetaRequest::Release { ino: file.ino })?;
         self.release_inode(released)?;
         flushed
     }
@@ -555,10 +575,20 @@ impl Client {
         Ok(())
     }
 
-    /// Makes every metadata change durable.
     /// Makes every metadata change durable, and removes the chunks of released inodes.
     pub fn sync_meta(&self) -> FsResult<()> {
         self.block(self.inner.purger.sync())
+    }
+
+    /// `fsync` of directory `ino`: every metadata change durable; fails with `Io` when a
+    /// change to the directory's entries was lost by a restart of the metadata service since
+    /// the last sync (see `durability`).
+    pub fn fsyncdir(&self, ino: Ino) -> FsResult<()> {
+        self.sync_meta()?;
+        if self.inner.watch.take_lost(ino) {
+            return Err(FsStatus::Io);
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &ClientConfig {

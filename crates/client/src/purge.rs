@@ -11,12 +11,17 @@
 //! directory, `statfs`, a write refused for lack of space, and the client's shutdown. A crash
 //! between the sync and the removal leaves chunks no file owns; `stria up` frees those when
 //! it starts after a crash.
+//!
+//! Each release is queued with the metadata service's epoch that acknowledged it. A sync
+//! answered under another epoch means the service restarted after losing unsynced changes,
+//! perhaps this release: the name may be back, so those chunks are kept (if the release had
+//! been durable after all, the recovery after that crash frees them).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stria_proto::fs::{FileLayout, Ino, ObjectId};
-use stria_proto::wire::MetaRequest;
+use stria_proto::wire::{Epoch, MetaRequest};
 use tokio::sync::Notify;
 
 use crate::FsResult;
@@ -28,11 +33,14 @@ pub(crate) const BATCH_MAX: usize = 256;
 /// Longest a released inode's chunks wait.
 pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(200);
 
+/// A released inode, its layout, and the epoch its release was acknowledged under.
+type Queued = (Ino, FileLayout, Epoch);
+
 #[derive(Debug)]
 pub(crate) struct Purger {
     meta: Arc<MetaConn>,
     storage: StorageConns,
-    queue: Mutex<Vec<(Ino, FileLayout)>>,
+    queue: Mutex<Vec<Queued>>,
     /// One drain at a time, so a drain that returns has removed everything queued before it.
     draining: tokio::sync::Mutex<()>,
     wake: Notify,
@@ -49,7 +57,7 @@ impl Purger {
         })
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<(Ino, FileLayout)>> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -58,10 +66,10 @@ impl Purger {
     }
 
     /// Queues the chunks of a released inode.
-    pub fn push(&self, ino: Ino, layout: FileLayout) {
+    pub fn push(&self, ino: Ino, layout: FileLayout, epoch: Epoch) {
         let waiting = {
             let mut queue = self.queue();
-            queue.push((ino, layout));
+            queue.push((ino, layout, epoch));
             queue.len()
         };
         if waiting >= BATCH_MAX {
@@ -87,16 +95,27 @@ impl Purger {
         if batch.is_empty() && !always_sync {
             return Ok(());
         }
-        if let Err(error) = self.meta.call(MetaRequest::Sync).await {
-            self.queue().extend(batch);
-            return Err(error);
-        }
+        let synced_under = match self.meta.call_at(MetaRequest::Sync).await {
+            Ok((epoch, _)) => epoch,
+            Err(error) => {
+                self.queue().extend(batch);
+                return Err(error);
+            }
+        };
         let mut result = Ok(());
         let mut failed = Vec::new();
-        for (ino, layout) in batch {
+        for (ino, layout, released_under) in batch {
+            if released_under != synced_under {
+                tracing::warn!(
+                    ino,
+                    "the metadata service restarted before this release was durable: keeping \
+                     the file's chunks"
+                );
+                continue;
+            }
             if let Err(error) = remove_chunks(&self.storage, ObjectId(ino), &layout, 0).await {
                 tracing::warn!(ino, %error, "removing a released file's chunks failed; retrying later");
-                failed.push((ino, layout));
+                failed.push((ino, layout, released_under));
                 result = Err(error);
             }
         }

@@ -8,15 +8,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use stria_proto::fs::ObjectId;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
     ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
-    MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive,
+    Epoch, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive,
     TargetInfo, TargetSync, meta_method, storage_method,
 };
 use stria_rpc::ClusterSecret;
 use tokio::sync::OnceCell;
 
+use crate::durability::{DurabilityWatch, Service};
 use crate::{DriveChangeError, FsResult};
 
 /// One service address with a lazily opened, pipelined connection.
@@ -106,16 +108,44 @@ fn status_to_result(status: u16) -> FsResult<()> {
 #[derive(Debug)]
 pub(crate) struct MetaConn {
     conn: Conn,
+    watch: Arc<DurabilityWatch>,
 }
 
 impl MetaConn {
-    pub fn new(addr: SocketAddr, timeout: Duration, secret: Option<ClusterSecret>) -> MetaConn {
-        MetaConn { conn: Conn::new(addr, timeout, secret) }
+    pub fn new(
+        addr: SocketAddr,
+        timeout: Duration,
+        secret: Option<ClusterSecret>,
+        watch: Arc<DurabilityWatch>,
+    ) -> MetaConn {
+        MetaConn { conn: Conn::new(addr, timeout, secret), watch }
     }
 
     pub async fn call(&self, request: MetaRequest) -> FsResult<MetaReply> {
-        let (reply, _) = self.conn.call_typed(meta_method::CALL, &request, Bytes::new()).await?;
-        Ok(reply)
+        Ok(self.call_at(request).await?.1)
+    }
+
+    /// The reply and the epoch it was given under. Changes are noted in the durability
+    /// watch, and a `Sync` settles the changes noted before it.
+    pub async fn call_at(&self, request: MetaRequest) -> FsResult<(Epoch, MetaReply)> {
+        let mark = self.watch.mark();
+        let (answer, _): ((Epoch, MetaReply), _) =
+            self.conn.call_typed(meta_method::CALL, &request, Bytes::new()).await?;
+        let (epoch, reply) = answer;
+        if matches!(request, MetaRequest::Sync) {
+            self.watch.synced(Service::Meta, mark, epoch);
+            return Ok((epoch, reply));
+        }
+        let mut changed = request.changed_inodes();
+        if matches!(
+            request,
+            MetaRequest::Create { .. } | MetaRequest::Mkdir { .. } | MetaRequest::Symlink { .. }
+        ) && let MetaReply::Attr(attr) | MetaReply::Open { attr, .. } = &reply
+        {
+            changed.push(attr.ino);
+        }
+        self.watch.changed(Service::Meta, epoch, &changed);
+        Ok((epoch, reply))
     }
 }
 
@@ -124,6 +154,7 @@ impl MetaConn {
 pub(crate) struct StorageConns {
     targets: Arc<HashMap<TargetId, Arc<Conn>>>,
     all: Arc<Vec<Arc<Conn>>>,
+    watch: Arc<DurabilityWatch>,
 }
 
 impl StorageConns {
@@ -131,6 +162,7 @@ impl StorageConns {
         targets: &[(TargetId, SocketAddr)],
         timeout: Duration,
         secret: Option<ClusterSecret>,
+        watch: Arc<DurabilityWatch>,
     ) -> StorageConns {
         let mut by_addr: HashMap<SocketAddr, Arc<Conn>> = HashMap::new();
         let mut map = HashMap::new();
@@ -141,7 +173,21 @@ impl StorageConns {
                 .clone();
             map.insert(*target, conn);
         }
-        StorageConns { targets: Arc::new(map), all: Arc::new(by_addr.into_values().collect()) }
+        StorageConns {
+            targets: Arc::new(map),
+            all: Arc::new(by_addr.into_values().collect()),
+            watch,
+        }
+    }
+
+    /// Whether a change to `object` was lost by a restart since it was last asked.
+    pub fn take_lost(&self, object: u64) -> bool {
+        self.watch.take_lost(object)
+    }
+
+    /// A change to `object`'s chunks on `target`, acknowledged under `epoch`.
+    fn changed(&self, target: TargetId, object: ObjectId, epoch: Epoch) {
+        self.watch.changed(Service::Target(target), epoch, &[object.0]);
     }
 
     fn conn(&self, target: TargetId) -> FsResult<&Conn> {
@@ -160,27 +206,32 @@ impl StorageConns {
 
     pub async fn chunk_write(&self, request: ChunkWrite, data: Bytes) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let ((), _) = conn.call_typed(storage_method::CHUNK_WRITE, &request, data).await?;
+        let (epoch, _) = conn.call_typed(storage_method::CHUNK_WRITE, &request, data).await?;
+        self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
 
     pub async fn chunk_truncate(&self, request: ChunkTruncate) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let ((), _) =
+        let (epoch, _) =
             conn.call_typed(storage_method::CHUNK_TRUNCATE, &request, Bytes::new()).await?;
+        self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
 
     pub async fn object_remove(&self, request: ObjectRemove) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let ((), _) =
+        let (epoch, _) =
             conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new()).await?;
+        self.changed(request.target, request.object, epoch);
         Ok(())
     }
 
     pub async fn chunk_punch(&self, request: ChunkPunch) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let ((), _) = conn.call_typed(storage_method::CHUNK_PUNCH, &request, Bytes::new()).await?;
+        let (epoch, _) =
+            conn.call_typed(storage_method::CHUNK_PUNCH, &request, Bytes::new()).await?;
+        self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
 
@@ -199,7 +250,10 @@ impl StorageConns {
 
     pub async fn target_sync(&self, request: TargetSync) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let ((), _) = conn.call_typed(storage_method::TARGET_SYNC, &request, Bytes::new()).await?;
+        let mark = self.watch.mark();
+        let (epoch, _) =
+            conn.call_typed(storage_method::TARGET_SYNC, &request, Bytes::new()).await?;
+        self.watch.synced(Service::Target(request.target), mark, epoch);
         Ok(())
     }
 

@@ -92,6 +92,17 @@ impl VolumeIo {
         self.shared.object
     }
 
+    /// Makes the volume's writes on `targets` durable; fails with `Io` when a target's service
+    /// restarted and lost some of them since the last sync (see `durability`).
+    async fn sync(&self, targets: impl IntoIterator<Item = TargetId>) -> FsResult<()> {
+        sync_targets(&self.shared.storage, targets).await?;
+        if self.shared.storage.take_lost(self.shared.object.0) {
+            tracing::error!(object = %self.shared.object, "volume flush failed: writes were lost by a restart");
+            return Err(FsStatus::Io);
+        }
+        Ok(())
+    }
+
     pub fn layout(&self) -> &FileLayout {
         &self.shared.layout
     }
@@ -169,7 +180,7 @@ impl VolumeIo {
         });
         self.run(jobs, |()| ()).await?;
         if fua && !sync_each {
-            sync_targets(&self.shared.storage, touched).await?;
+            self.sync(touched).await?;
         }
         Ok(())
     }
@@ -178,7 +189,7 @@ impl VolumeIo {
     /// made it: a sync of every target of the layout.
     pub fn flush(&self) -> FsResult<()> {
         self.usable()?;
-        self.block(sync_targets(&self.shared.storage, distinct_targets(&self.shared.layout)))
+        self.block(self.sync(distinct_targets(&self.shared.layout)))
     }
 
     /// The caller no longer needs `[offset, offset + len)`: it reads as zeros afterwards, its
@@ -198,7 +209,7 @@ impl VolumeIo {
             return self.block(async {
                 self.punch(offset, len).await?;
                 if fua {
-                    sync_targets(&self.shared.storage, touched).await?;
+                    self.sync(touched).await?;
                 }
                 Ok(())
             });
@@ -214,7 +225,7 @@ impl VolumeIo {
         self.block(async {
             self.run(jobs, |()| ()).await?;
             if fua && !sync_each {
-                sync_targets(&self.shared.storage, touched).await?;
+                self.sync(touched).await?;
             }
             Ok(())
         })

@@ -63,6 +63,8 @@ pub struct MetaService {
     meta: Arc<Meta>,
     capacity: CapacitySource,
     ops: Arc<OpCounts>,
+    /// The incarnation of the namespace's durable state (see [`wire::Epoch`]).
+    epoch: wire::Epoch,
 }
 
 impl std::fmt::Debug for MetaService {
@@ -78,7 +80,18 @@ impl MetaService {
     }
 
     pub fn new(meta: Arc<Meta>, capacity: CapacitySource) -> MetaService {
-        MetaService { meta, capacity, ops: Arc::default() }
+        MetaService { meta, capacity, ops: Arc::default(), epoch: wire::new_epoch() }
+    }
+
+    /// Serves under `epoch` instead of a fresh one: the one a clean stop handed over.
+    pub fn with_epoch(mut self, epoch: wire::Epoch) -> MetaService {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The epoch every reply carries.
+    pub fn epoch(&self) -> wire::Epoch {
+        self.epoch
     }
 
     /// Runs one request to completion (synchronously).
@@ -337,14 +350,15 @@ impl Service for MetaService {
             let inline = decoded.is_read_only()
                 || (service.meta.commit_mode() == crate::Commit::Lazy
                     && !matches!(decoded, MetaRequest::Sync));
+            let epoch = service.epoch;
             if inline {
                 return match service.handle(decoded) {
-                    Ok(reply) => Response::encode(&reply, Bytes::new()),
+                    Ok(reply) => Response::encode(&(epoch, reply), Bytes::new()),
                     Err(status) => Response::fs_error(status),
                 };
             }
             match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
-                Ok(Ok(reply)) => Response::encode(&reply, Bytes::new()),
+                Ok(Ok(reply)) => Response::encode(&(epoch, reply), Bytes::new()),
                 Ok(Err(status)) => Response::fs_error(status),
                 Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
             }

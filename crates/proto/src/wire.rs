@@ -9,6 +9,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::fs::{ChunkId, FileLayout, FsStatus, Ino, LayoutPolicy, ObjectId, TargetId};
 
+/// The incarnation of a service's durable state: the same while nothing it acknowledged can
+/// be lost, new after it lost acknowledged but unsynced changes (a restart after a crash). A
+/// clean stop hands its epoch to the next start, since it synced everything.
+///
+/// Replies carry it so a client can tell whether a sync covers its earlier changes: the meta
+/// service answers every call with `(Epoch, MetaReply)`, and the storage service answers
+/// `CHUNK_WRITE`, `CHUNK_TRUNCATE`, `CHUNK_PUNCH`, `OBJECT_REMOVE` and `TARGET_SYNC` with the
+/// epoch of the target's service. A change made under one epoch and a sync answered under
+/// another means the change may be gone: the client reports the sync as failed (as NFS does
+/// with its write verifier).
+pub type Epoch = u64;
+
+/// A fresh epoch for a service whose unsynced state may have been lost.
+pub fn new_epoch() -> Epoch {
+    let id = crate::Uuid::random().0;
+    u64::from_le_bytes([id[0], id[1], id[2], id[3], id[4], id[5], id[6], id[7]])
+}
+
 /// Method numbers of the metadata service (block 1000..1999).
 pub mod meta_method {
     pub const CALL: u16 = 1000;
@@ -379,6 +397,45 @@ pub enum MetaRequest {
 }
 
 impl MetaRequest {
+    /// The inodes whose durable state the request changes (for a create, the new inode is in
+    /// the reply): a directory for a change of its entries, a file for its attributes, size,
+    /// inline bytes, extended attributes or layout. Empty for reads, `Open`, `Release` (its
+    /// effect, a purge, is tracked by the purge queue), `Spill` (a plan) and `Sync`.
+    pub fn changed_inodes(&self) -> Vec<Ino> {
+        match self {
+            MetaRequest::SetAttr { ino, .. }
+            | MetaRequest::WriteInline { ino, .. }
+            | MetaRequest::SpillCommit { ino, .. }
+            | MetaRequest::ExtendSize { ino, .. }
+            | MetaRequest::SetXattr { ino, .. }
+            | MetaRequest::RemoveXattr { ino, .. }
+            | MetaRequest::SetFileLayout { ino, .. }
+            | MetaRequest::SetLayoutPolicy { ino, .. } => vec![*ino],
+            MetaRequest::Create { parent, .. }
+            | MetaRequest::Mkdir { parent, .. }
+            | MetaRequest::Symlink { parent, .. }
+            | MetaRequest::Unlink { parent, .. }
+            | MetaRequest::Rmdir { parent, .. } => vec![*parent],
+            MetaRequest::Link { ino, new_parent, .. } => vec![*ino, *new_parent],
+            MetaRequest::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+            MetaRequest::Lookup { .. }
+            | MetaRequest::GetAttr { .. }
+            | MetaRequest::Readlink { .. }
+            | MetaRequest::Readdir { .. }
+            | MetaRequest::Access { .. }
+            | MetaRequest::Open { .. }
+            | MetaRequest::ReadInline { .. }
+            | MetaRequest::Spill { .. }
+            | MetaRequest::Release { .. }
+            | MetaRequest::GetXattr { .. }
+            | MetaRequest::ListXattr { .. }
+            | MetaRequest::StatFs
+            | MetaRequest::GetLayoutPolicy { .. }
+            | MetaRequest::Sync
+            | MetaRequest::Analytics { .. } => Vec::new(),
+        }
+    }
+
     /// Whether the request only reads the namespace.
     pub fn is_read_only(&self) -> bool {
         matches!(

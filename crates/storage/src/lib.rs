@@ -24,10 +24,11 @@ use serde::de::DeserializeOwned;
 use stria_engine::{Engine, EngineError};
 use stria_io::LatencyHistogram;
 use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
+pub use stria_proto::wire::Epoch;
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
     ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetAddSpare, TargetFailDrive, TargetInfo,
-    TargetReplaceDrive, TargetSync, storage_method,
+    TargetReplaceDrive, TargetSync, new_epoch, storage_method,
 };
 use stria_raid::Array;
 
@@ -102,6 +103,8 @@ pub struct StorageService {
     io: Arc<BTreeMap<TargetId, Arc<TargetIoStats>>>,
     /// Drive changes are served only with a record to keep them in.
     admin: Option<Arc<drive_admin::Admin>>,
+    /// The incarnation of the targets' durable state (see [`Epoch`]).
+    epoch: Epoch,
 }
 
 /// A refused request: its RPC status and the reply's message part (empty, except for drive
@@ -124,7 +127,23 @@ impl StorageService {
     pub fn new(targets: Vec<Target>) -> StorageService {
         let io = targets.iter().map(|t| (t.id, Arc::default())).collect();
         let targets = targets.into_iter().map(|t| (t.id, Arc::new(t))).collect();
-        StorageService { targets: Arc::new(targets), io: Arc::new(io), admin: None }
+        StorageService {
+            targets: Arc::new(targets),
+            io: Arc::new(io),
+            admin: None,
+            epoch: new_epoch(),
+        }
+    }
+
+    /// Serves under `epoch` instead of a fresh one: the one a clean stop handed over.
+    pub fn with_epoch(mut self, epoch: Epoch) -> StorageService {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The epoch the changing requests are answered with.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
     }
 
     pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
@@ -192,13 +211,13 @@ impl StorageService {
                 if let Some(io) = self.io.get(&w.target) {
                     io.record_write(data.len(), started.elapsed());
                 }
-                Ok((encode(&())?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::CHUNK_TRUNCATE => {
                 let t: ChunkTruncate = decode(message)?;
                 let target = self.target(t.target).map_err(FsStatus::rpc_code)?;
                 target.engine.truncate(t.chunk, t.len).map_err(status_of)?;
-                Ok((encode(&())?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::OBJECT_REMOVE => {
                 let r: ObjectRemove = decode(message)?;
@@ -214,13 +233,13 @@ impl StorageService {
                             .map_err(status_of)?;
                     }
                 }
-                Ok((encode(&())?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::TARGET_SYNC => {
                 let s: TargetSync = decode(message)?;
                 let target = self.target(s.target).map_err(FsStatus::rpc_code)?;
                 target.engine.sync().map_err(status_of)?;
-                Ok((encode(&())?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::TARGET_FAIL_DRIVE => {
                 let f: TargetFailDrive = decode(message)?;
@@ -253,7 +272,7 @@ impl StorageService {
                 }
                 let target = self.target(p.target).map_err(FsStatus::rpc_code)?;
                 target.engine.discard(p.chunk, p.offset, p.len).map_err(status_of)?;
-                Ok((encode(&())?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::CHUNK_MAP => {
                 let m: ChunkMap = decode(message)?;

@@ -7,6 +7,7 @@
 
 mod bench_cmd;
 mod chaos;
+mod epochs;
 mod fs_cmd;
 mod fsck;
 mod gateway;
@@ -19,6 +20,7 @@ mod raid_io;
 mod raid_status;
 mod rest_role;
 mod rng;
+mod roles;
 mod torture;
 mod units;
 mod up;
@@ -74,9 +76,13 @@ enum Command {
     #[command(subcommand)]
     Initiator(volume_cmd::InitiatorCommand),
     Bench(bench_cmd::BenchArgs),
-    /// Fault campaigns: drive faults on every RAID level, kill -9 of a running node, a full
-    /// file system; seeded, with a line per cycle and a summary of any data lost.
+    /// Fault campaigns: drive faults on every RAID level, kill -9 of a running node or of one
+    /// of its roles, a full file system; seeded, with a line per cycle and a summary of any
+    /// data lost.
     Chaos(chaos::ChaosArgs),
+    /// Run one server role of a node (storage or meta) in this process; `stria up
+    /// --separate-roles` starts these and restarts them after a crash.
+    Role(roles::RoleArgs),
 }
 
 /// The command line asked for something impossible (exit code 2). Every other error is a
@@ -106,7 +112,7 @@ fn main() -> ExitCode {
         Err(e) => return clap_error(&e),
     };
     // `up` logs to a file under its data directory; every other command logs to stderr.
-    if !matches!(cli.command, Command::Up(_)) {
+    if !matches!(cli.command, Command::Up(_) | Command::Role(_)) {
         init_logging(cli.verbose);
     }
     let result = match cli.command {
@@ -122,6 +128,7 @@ fn main() -> ExitCode {
         Command::Initiator(command) => volume_cmd::initiator(command),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Chaos(args) => chaos::run(args),
+        Command::Role(args) => roles::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

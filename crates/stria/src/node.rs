@@ -11,6 +11,7 @@ use stria_proto::fs::{LayoutPolicy, TargetId};
 use stria_rpc::{ClusterSecret, Server, ServerConfig, ShutdownHandle};
 use stria_storage::{StorageRpc, StorageService};
 
+
 /// Opens the namespace; new files spread over `targets`.
 pub fn open_meta(path: &Path, targets: &[TargetId]) -> Result<Arc<Meta>> {
     let pool: Vec<TargetId> = targets.to_vec();
@@ -35,18 +36,14 @@ pub struct Services {
     /// Metadata requests served, by operation (for metrics).
     pub meta_ops: Arc<stria_meta::service::OpCounts>,
     pub storage_addr: SocketAddr,
-    handles: Vec<ShutdownHandle>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    serving: Vec<Serving>,
 }
 
 impl Services {
     /// Stops accepting, lets requests in flight finish.
     pub async fn shutdown(self) {
-        for handle in &self.handles {
-            handle.shutdown();
-        }
-        for task in self.tasks {
-            let _ = task.await;
+        for serving in self.serving {
+            serving.shutdown().await;
         }
     }
 }
@@ -66,45 +63,75 @@ pub fn server_config(secret: &ClusterSecret) -> ServerConfig {
     ServerConfig { secret: Some(secret.clone()), ..ServerConfig::default() }
 }
 
-/// Starts both services on the current runtime.
-pub async fn serve(
-    meta_listen: SocketAddr,
-    storage_listen: SocketAddr,
-    meta: Arc<Meta>,
+/// One RPC service of a node, serving.
+#[derive(Debug)]
+pub struct Serving {
+    pub addr: SocketAddr,
+    handle: ShutdownHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// Stops accepting, lets requests in flight finish.
+    pub async fn shutdown(self) {
+        self.handle.shutdown();
+        let _ = self.task.await;
+    }
+}
+
+/// Serves the storage role on `listen` (current runtime).
+pub async fn serve_storage(
+    listen: SocketAddr,
     storage: StorageService,
     secret: &ClusterSecret,
-) -> Result<Services> {
-    let storage_server = Server::bind_with(storage_listen, server_config(secret))
+) -> Result<Serving> {
+    let server = Server::bind_with(listen, server_config(secret))
         .await
-        .map_err(|e| bind_error(storage_listen, "storage", "--storage-listen", e))?;
-    let meta_server = Server::bind_with(meta_listen, server_config(secret))
-        .await
-        .map_err(|e| bind_error(meta_listen, "metadata", "--meta-listen", e))?;
-    let capacity_from = storage.clone();
-    let capacity: CapacitySource = Arc::new(move || {
-        capacity_from.targets().fold((0, 0), |(total, free), t| {
+        .map_err(|e| bind_error(listen, "storage", "--storage-listen", e))?;
+    Ok(Serving {
+        addr: server.local_addr(),
+        handle: server.shutdown_handle(),
+        task: tokio::spawn(async move {
+            if let Err(e) = server.serve(Arc::new(StorageRpc(storage))).await {
+                tracing::error!(%e, "storage server stopped");
+            }
+        }),
+    })
+}
+
+/// The space of the targets of an in-process storage role, for statfs.
+pub fn local_capacity(storage: &StorageService) -> CapacitySource {
+    let storage = storage.clone();
+    Arc::new(move || {
+        storage.targets().fold((0, 0), |(total, free), t| {
             let space = t.engine.space();
             (total + space.total_bytes, free + space.free_bytes + space.reclaimable_bytes)
         })
-    });
-    let meta_service = Arc::new(MetaService::new(meta.clone(), capacity));
-    let services = Services {
-        meta_ops: meta_service.op_counts(),
-        meta_addr: meta_server.local_addr(),
-        storage_addr: storage_server.local_addr(),
-        handles: vec![meta_server.shutdown_handle(), storage_server.shutdown_handle()],
-        tasks: vec![
-            tokio::spawn(async move {
-                if let Err(e) = meta_server.serve(meta_service).await {
-                    tracing::error!(%e, "metadata server stopped");
-                }
-            }),
-            tokio::spawn(async move {
-                if let Err(e) = storage_server.serve(Arc::new(StorageRpc(storage))).await {
-                    tracing::error!(%e, "storage server stopped");
-                }
-            }),
-        ],
+    })
+}
+
+/// Serves the metadata role on `listen` (current runtime), and makes its lazy commits
+/// durable every second. Returns the service's request counters too.
+pub async fn serve_meta(
+    listen: SocketAddr,
+    meta: Arc<Meta>,
+    capacity: CapacitySource,
+    epoch: stria_proto::wire::Epoch,
+    secret: &ClusterSecret,
+) -> Result<(Serving, Arc<stria_meta::service::OpCounts>)> {
+    let server = Server::bind_with(listen, server_config(secret))
+        .await
+        .map_err(|e| bind_error(listen, "metadata", "--meta-listen", e))?;
+    let service = Arc::new(MetaService::new(meta.clone(), capacity).with_epoch(epoch));
+    let ops = service.op_counts();
+    let serving = Serving {
+        addr: server.local_addr(),
+        handle: server.shutdown_handle(),
+        task: tokio::spawn(async move {
+            if let Err(e) = server.serve(service).await {
+                tracing::error!(%e, "metadata server stopped");
+            }
+        }),
     };
     // Lazy metadata commits reach the disk within a second even without fsync.
     tokio::spawn(async move {
@@ -118,5 +145,25 @@ pub async fn serve(
             }
         }
     });
-    Ok(services)
+    Ok((serving, ops))
+}
+
+/// Starts both services on the current runtime (every role in one process).
+pub async fn serve(
+    meta_listen: SocketAddr,
+    storage_listen: SocketAddr,
+    meta: Arc<Meta>,
+    storage: StorageService,
+    meta_epoch: stria_proto::wire::Epoch,
+    secret: &ClusterSecret,
+) -> Result<Services> {
+    let capacity = local_capacity(&storage);
+    let storage = serve_storage(storage_listen, storage, secret).await?;
+    let (meta, meta_ops) = serve_meta(meta_listen, meta, capacity, meta_epoch, secret).await?;
+    Ok(Services {
+        meta_ops,
+        meta_addr: meta.addr,
+        storage_addr: storage.addr,
+        serving: vec![meta, storage],
+    })
 }

@@ -34,7 +34,7 @@ use stria_engine::Engine;
 use stria_io::file::{DriveOptions, create_drive_file};
 use stria_proto::fs::{LayoutPolicy, TargetId};
 use stria_raid::{Array, ArrayConfig, CreateOptions, Level};
-use stria_storage::{DriveAdmin, StorageService, Target};
+use stria_storage::{StorageService, Target};
 
 use crate::units::{format_bytes, parse_size};
 use crate::{interrupt, raid_cmd, usage};
@@ -97,6 +97,12 @@ pub struct UpArgs {
     /// Do not serve NBD exports.
     #[arg(long)]
     pub no_nbd: bool,
+    /// Run the storage role and the metadata role as processes of their own (`stria role`),
+    /// supervised by this one: a role that dies is recovered from and restarted while the
+    /// mount, the NBD gateway and the management service stay up. The REST API and the
+    /// dashboard are not served in this mode (they read the drives in this process).
+    #[arg(long, conflicts_with = "api_listen")]
+    pub separate_roles: bool,
     /// Address of the REST API and /metrics (token in DATA/mgmt/api-token; 0 picks a port).
     #[arg(long, default_value = "127.0.0.1:7480")]
     pub api_listen: SocketAddr,
@@ -244,8 +250,8 @@ fn updated_drives(
 /// node runs (a replaced drive, a new spare, a spare that took a failed slot), so the next
 /// start assembles the same arrays.
 #[derive(Debug)]
-struct NodeFileRecorder {
-    data: PathBuf,
+pub struct NodeFileRecorder {
+    pub data: PathBuf,
 }
 
 impl stria_storage::MembershipRecorder for NodeFileRecorder {
@@ -313,16 +319,8 @@ pub fn run(args: UpArgs) -> Result<()> {
     let crashed_before = data.join("run.json").exists();
     let node = load_or_create_node(&data, &args)?;
     let secret = stria_rpc::ClusterSecret::load_or_create(&secret_path(&data))?;
-    let mut targets = Vec::new();
-    for record in &node.targets {
-        targets.push(open_target(&data, record)?);
-    }
-    let pool_targets: Vec<TargetId> = targets.iter().map(|t| t.id).collect();
-    let storage = StorageService::new(targets).with_drive_admin(DriveAdmin {
-        drive_dir: data.join("drives"),
-        reserved_dirs: vec![data.clone()],
-        recorder: Arc::new(NodeFileRecorder { data: data.clone() }),
-    });
+    let storage = crate::roles::open_storage(&data, &node)?;
+    let pool_targets: Vec<TargetId> = storage.targets().map(|t| t.id).collect();
 
     std::fs::create_dir_all(data.join("meta"))?;
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
@@ -332,8 +330,13 @@ pub fn run(args: UpArgs) -> Result<()> {
     if crashed_before {
         free_strays_after_a_crash(&meta, &registry, &storage)?;
     }
+    let target_lines = target_lines(&node, &storage);
 
-    let api_listener = crate::rest_role::bind(args.api_listen)?;
+    let api_listener = if args.separate_roles {
+        None
+    } else {
+        Some(crate::rest_role::bind(args.api_listen)?)
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
         .max_blocking_threads(64)
@@ -341,18 +344,33 @@ pub fn run(args: UpArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    let services = runtime.block_on(crate::node::serve(
-        args.meta_listen,
-        args.storage_listen,
-        meta.clone(),
-        storage.clone(),
-        &secret,
-    ))?;
+    let servers = if args.separate_roles {
+        // The roles open the targets and the namespace themselves: close them here first.
+        meta.sync().context("syncing the namespace")?;
+        storage.sync_all().context("syncing the targets")?;
+        drop(meta);
+        drop(storage);
+        Servers::Separate(crate::roles::Roles::start(&data, args.storage_listen, args.meta_listen)?)
+    } else {
+        let meta_epoch = crate::epochs::take(&data, crate::epochs::Role::Meta)?;
+        let storage_epoch = crate::epochs::take(&data, crate::epochs::Role::Storage)?;
+        let storage = storage.with_epoch(storage_epoch);
+        let services = runtime.block_on(crate::node::serve(
+            args.meta_listen,
+            args.storage_listen,
+            meta.clone(),
+            storage.clone(),
+            meta_epoch,
+            &secret,
+        ))?;
+        Servers::InProcess { services, meta, storage, meta_epoch, storage_epoch }
+    };
+    let (meta_addr, storage_addr) = servers.addrs();
     let client = stria_client::Client::new(
         runtime.handle().clone(),
         stria_client::ClientConfig::new(
-            services.meta_addr,
-            pool_targets.iter().map(|t| (*t, services.storage_addr)).collect(),
+            meta_addr,
+            pool_targets.iter().map(|t| (*t, storage_addr)).collect(),
         )
         .with_secret(secret.clone()),
     );
@@ -409,41 +427,63 @@ pub fn run(args: UpArgs) -> Result<()> {
             Ok(mount) => Some(mount),
             Err(reason) => {
                 eprintln!("warning: not mounted: {reason:#}");
-                eprintln!("         the native API keeps serving (meta {})", services.meta_addr);
+                eprintln!("         the native API keeps serving (meta {meta_addr})");
                 None
             }
         },
         None => None,
     };
-    let rest = crate::rest_role::start(
-        &runtime,
-        api_listener,
-        &data,
-        &mgmt,
-        &storage,
-        services.meta_ops.clone(),
-        crate::rest_role::RoleAddresses {
-            mgmt: mgmt_addr,
-            meta: services.meta_addr,
-            storage: services.storage_addr,
-            nbd: gateway.as_ref().map(|g| g.local_addr()),
-            mount: mount.as_ref().and(mount_point.clone()),
-        },
-    )?;
+    let rest = match (&servers, api_listener) {
+        (Servers::InProcess { services, storage, .. }, Some(api_listener)) => {
+            Some(crate::rest_role::start(
+                &runtime,
+                api_listener,
+                &data,
+                &mgmt,
+                storage,
+                services.meta_ops.clone(),
+                crate::rest_role::RoleAddresses {
+                    mgmt: mgmt_addr,
+                    meta: meta_addr,
+                    storage: storage_addr,
+                    nbd: gateway.as_ref().map(|g| g.local_addr()),
+                    mount: mount.as_ref().and(mount_point.clone()),
+                },
+            )?)
+        }
+        _ => None,
+    };
     let run = RunRecord {
         pid: std::process::id(),
-        meta: services.meta_addr,
-        storage: services.storage_addr,
+        meta: meta_addr,
+        storage: storage_addr,
         mount: mount.as_ref().and(mount_point.clone()),
         mgmt: Some(mgmt_addr),
         nbd: gateway.as_ref().map(|g| g.local_addr()),
-        api: Some(rest.local_addr()),
+        api: rest.as_ref().map(|r| r.local_addr()),
     };
     std::fs::write(data.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
 
-    print_banner(&data, &node, &storage, &run, &log_path, &rest.banner_lines());
+    let rest_lines = match &rest {
+        Some(rest) => rest.banner_lines(),
+        None => vec![
+            "  roles    storage and metadata in processes of their own (stria role), restarted \
+             after a crash; no REST API or dashboard in this mode"
+                .to_string(),
+        ],
+    };
+    print_banner(&data, &target_lines, &run, &log_path, &rest_lines);
+    let mut servers = servers;
     while !interrupt::requested() {
         std::thread::sleep(Duration::from_millis(100));
+        if let Servers::Separate(roles) = &mut servers {
+            let volumes = || mgmt.registry().volumes().unwrap_or_default();
+            if let Err(e) = roles.watch(volumes) {
+                eprintln!("error: cannot restart the server roles: {e:#}");
+                tracing::error!(error = %format!("{e:#}"), "cannot restart the server roles");
+                interrupt::flag().store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
     }
     eprintln!("stopping: unmounting and syncing");
     let mut result = Ok(());
@@ -452,7 +492,9 @@ pub fn run(args: UpArgs) -> Result<()> {
             result = Err(anyhow::anyhow!("unmount failed: {e}"));
         }
     }
-    rest.shutdown(&runtime);
+    if let Some(rest) = rest {
+        rest.shutdown(&runtime);
+    }
     if let Some(gateway) = &gateway {
         runtime.block_on(gateway.shutdown());
     }
@@ -464,13 +506,46 @@ pub fn run(args: UpArgs) -> Result<()> {
         tracing::warn!(%e, "removing the chunks of removed files at stop");
     }
     drop(client);
-    runtime.block_on(services.shutdown());
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    meta.sync().context("syncing the namespace")?;
-    storage.sync_all().context("syncing the targets")?;
+    match servers {
+        Servers::Separate(mut roles) => {
+            runtime.shutdown_timeout(Duration::from_secs(5));
+            roles.stop().context("stopping the server roles")?;
+        }
+        Servers::InProcess { services, meta, storage, meta_epoch, storage_epoch } => {
+            runtime.block_on(services.shutdown());
+            runtime.shutdown_timeout(Duration::from_secs(5));
+            meta.sync().context("syncing the namespace")?;
+            storage.sync_all().context("syncing the targets")?;
+            crate::epochs::hand_over(&data, crate::epochs::Role::Meta, meta_epoch)?;
+            crate::epochs::hand_over(&data, crate::epochs::Role::Storage, storage_epoch)?;
+        }
+    }
     let _ = std::fs::remove_file(data.join("run.json"));
     eprintln!("stopped cleanly");
     result
+}
+
+/// Where the node's storage and metadata services run.
+enum Servers {
+    /// In this process (the default).
+    InProcess {
+        services: crate::node::Services,
+        meta: Arc<stria_meta::Meta>,
+        storage: StorageService,
+        meta_epoch: stria_proto::wire::Epoch,
+        storage_epoch: stria_proto::wire::Epoch,
+    },
+    /// In role processes this one supervises (`--separate-roles`).
+    Separate(crate::roles::Roles),
+}
+
+impl Servers {
+    fn addrs(&self) -> (SocketAddr, SocketAddr) {
+        match self {
+            Servers::InProcess { services, .. } => (services.meta_addr, services.storage_addr),
+            Servers::Separate(roles) => (roles.meta_addr(), roles.storage_addr()),
+        }
+    }
 }
 
 /// After a crash, chunk data that no file or volume owns, or that lies past its file's end,
@@ -506,7 +581,7 @@ fn purge_orphans(meta: &stria_meta::Meta, storage: &StorageService) -> Result<()
     Ok(())
 }
 
-fn absolute(path: &Path) -> Result<PathBuf> {
+pub fn absolute(path: &Path) -> Result<PathBuf> {
     if path.is_absolute() {
         return Ok(path.to_path_buf());
     }
@@ -671,10 +746,28 @@ fn clear_stale_mount(path: &Path, known_dead: bool) {
     }
 }
 
+/// One banner line per target: id, level, drives, usable space, state.
+fn target_lines(node: &NodeRecord, storage: &StorageService) -> Vec<String> {
+    storage
+        .targets()
+        .map(|target| {
+            let record = node.targets.iter().find(|r| r.id == target.id.0);
+            let space = target.engine.space();
+            format!(
+                "  target   {} {} over {} drives, {} usable, {}",
+                target.id,
+                record.map_or("?", |r| r.level.as_str()),
+                record.map_or(0, |r| r.drives.len()),
+                format_bytes(space.total_bytes),
+                target.info().state
+            )
+        })
+        .collect()
+}
+
 fn print_banner(
     data: &Path,
-    node: &NodeRecord,
-    storage: &StorageService,
+    target_lines: &[String],
     run: &RunRecord,
     log_path: &Path,
     rest_lines: &[String],
@@ -685,17 +778,8 @@ fn print_banner(
         None => println!("  mount    (none)"),
     }
     println!("  data     {}", data.display());
-    for target in storage.targets() {
-        let record = node.targets.iter().find(|r| r.id == target.id.0);
-        let space = target.engine.space();
-        println!(
-            "  target   {} {} over {} drives, {} usable, {}",
-            target.id,
-            record.map_or("?", |r| r.level.as_str()),
-            record.map_or(0, |r| r.drives.len()),
-            format_bytes(space.total_bytes),
-            target.info().state
-        );
+    for line in target_lines {
+        println!("{line}");
     }
     println!("  logs     {}", log_path.display());
     println!("  meta     {}   storage {}", run.meta, run.storage);

@@ -11,6 +11,7 @@ use std::time::Duration;
 use stria_client::{Client, ClientConfig, VolumeIo};
 use stria_engine::Engine;
 use stria_engine::testing::MemMapStore;
+#[allow(unused_imports)]
 pub use stria_engine::testing::Rng;
 use stria_io::BlockDevice;
 use stria_io::mem::MemDevice;
@@ -88,6 +89,11 @@ impl Node {
     }
 
     fn serve(&mut self, create: bool) {
+        self.serve_at(create, "127.0.0.1:0".parse().expect("addr"), None);
+    }
+
+    /// Serves the targets on `addr`; under `epoch` if given (a clean stop's), else a fresh one.
+    fn serve_at(&mut self, create: bool, addr: SocketAddr, epoch: Option<u64>) {
         let targets = self
             .disks
             .iter()
@@ -101,14 +107,14 @@ impl Node {
                 Target { id: disk.id, pool: "default".into(), array: disk.array.clone(), engine }
             })
             .collect();
-        let storage = StorageService::new(targets);
+        let mut storage = StorageService::new(targets);
+        if let Some(epoch) = epoch {
+            storage = storage.with_epoch(epoch);
+        }
         if create {
             storage.sync_all().expect("first sync");
         }
-        let server = self
-            .runtime
-            .block_on(Server::bind("127.0.0.1:0".parse().expect("addr")))
-            .expect("bind");
+        let server = self.runtime.block_on(Server::bind(addr)).expect("bind");
         self.addr = server.local_addr();
         self.shutdown = Some(server.shutdown_handle());
         let service = Arc::new(StorageRpc(storage.clone()));
@@ -150,6 +156,34 @@ impl Node {
     /// Power loss on every target: the chunk maps keep only what was synced. Clients of the
     /// old server must be dropped first. The node then serves again on a new address.
     pub fn crash_and_restart(&mut self) {
+        self.stop_serving();
+        for disk in &self.disks {
+            disk.store.crash(false);
+        }
+        // The engines' final syncs go to the dead boots: nothing of them survives.
+        drop(self.storage.take());
+        self.serve(false);
+    }
+
+    /// The storage service process restarts on the same address, so clients reconnect:
+    /// after a crash (unsynced changes lost, a new epoch) or after a clean stop (everything
+    /// synced, the epoch handed over).
+    pub fn restart_in_place(&mut self, crash: bool) {
+        let addr = self.addr;
+        let epoch = self.storage.as_ref().expect("serving").epoch();
+        self.stop_serving();
+        if crash {
+            for disk in &self.disks {
+                disk.store.crash(false);
+            }
+        } else {
+            self.storage.as_ref().expect("serving").sync_all().expect("clean stop");
+        }
+        drop(self.storage.take());
+        self.serve_at(false, addr, (!crash).then_some(epoch));
+    }
+
+    fn stop_serving(&mut self) {
         if let Some(handle) = self.shutdown.take() {
             handle.shutdown();
         }
@@ -161,12 +195,6 @@ impl Node {
                     .expect("server task");
             });
         }
-        for disk in &self.disks {
-            disk.store.crash(false);
-        }
-        // The engines' final syncs go to the dead boots: nothing of them survives.
-        drop(self.storage.take());
-        self.serve(false);
     }
 }
 
