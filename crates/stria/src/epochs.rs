@@ -35,8 +35,7 @@ pub fn take(data: &Path, role: Role) -> Result<Epoch> {
     let file = path(data, role);
     let left = std::fs::read_to_string(&file).ok().and_then(|text| text.trim().parse().ok());
     if file.exists() {
-        std::fs::remove_file(&file)
-            .with_context(|| format!("cannot remove {}", file.display()))?;
+        std::fs::remove_file(&file).with_context(|| format!("cannot remove {}", file.display()))?;
         sync_dir(file.parent().expect("in a directory"))?;
     }
     Ok(left.unwrap_or_else(new_epoch))

@@ -11,7 +11,6 @@ use stria_proto::fs::{LayoutPolicy, TargetId};
 use stria_rpc::{ClusterSecret, Server, ServerConfig, ShutdownHandle};
 use stria_storage::{StorageRpc, StorageService};
 
-
 /// Opens the namespace; new files spread over `targets`.
 pub fn open_meta(path: &Path, targets: &[TargetId]) -> Result<Arc<Meta>> {
     let pool: Vec<TargetId> = targets.to_vec();

@@ -191,8 +191,11 @@ fn run_meta(args: MetaRoleArgs) -> Result<()> {
     let space = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let client = stria_client::Client::new(
         runtime.handle().clone(),
-        stria_client::ClientConfig::new(args.listen, pool.iter().map(|t| (*t, args.storage)).collect())
-            .with_secret(secret.clone()),
+        stria_client::ClientConfig::new(
+            args.listen,
+            pool.iter().map(|t| (*t, args.storage)).collect(),
+        )
+        .with_secret(secret.clone()),
     );
     {
         let space = space.clone();
@@ -256,7 +259,11 @@ pub struct Roles {
 impl Roles {
     /// Starts the storage role, then the metadata role. A port 0 is replaced by the port the
     /// role picked, so a restart serves on the same address.
-    pub fn start(data: &Path, storage_listen: SocketAddr, meta_listen: SocketAddr) -> Result<Roles> {
+    pub fn start(
+        data: &Path,
+        storage_listen: SocketAddr,
+        meta_listen: SocketAddr,
+    ) -> Result<Roles> {
         let mut roles = Roles {
             data: data.to_path_buf(),
             storage_listen,
@@ -340,7 +347,10 @@ impl Roles {
 
     /// Checks the role processes; if one died, stops the other, recovers and starts both
     /// again. Returns the role that died, if one did.
-    pub fn watch(&mut self, volumes: impl Fn() -> Vec<stria_mgmt::VolumeRecord>) -> Result<Option<Role>> {
+    pub fn watch(
+        &mut self,
+        volumes: impl Fn() -> Vec<stria_mgmt::VolumeRecord>,
+    ) -> Result<Option<Role>> {
         let mut died = None;
         for process in [self.storage.as_mut(), self.meta.as_mut()].into_iter().flatten() {
             if let Some(status) = process.child.try_wait()? {

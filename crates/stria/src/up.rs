@@ -332,11 +332,8 @@ pub fn run(args: UpArgs) -> Result<()> {
     }
     let target_lines = target_lines(&node, &storage);
 
-    let api_listener = if args.separate_roles {
-        None
-    } else {
-        Some(crate::rest_role::bind(args.api_listen)?)
-    };
+    let api_listener =
+        if args.separate_roles { None } else { Some(crate::rest_role::bind(args.api_listen)?) };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).max(2))
         .max_blocking_threads(64)

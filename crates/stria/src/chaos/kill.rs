@@ -1,4 +1,5 @@
-//! `stria chaos kill`: kill -9 of the whole node at random moments, many times in a row.
+//! `stria chaos kill`: kill -9 of the whole node, or of one of its roles, at random moments,
+//! many times in a row.
 //!
 //! A workload thread writes, overwrites, renames, truncates and unlinks files through the
 //! mount, and fsyncs each change (and the directories it touches) before starting the next. It
@@ -9,9 +10,11 @@
 //! change in flight, which may have landed, not landed, or (for a write) partly landed with
 //! each byte old or new. What the in-flight change left is fsynced and becomes the journal's.
 //!
-//! The roles of a node (metadata, storage, management, mount) run in one `stria up` process,
-//! so "kill the storage role" or "the metadata role" alone is not possible: every kill takes
-//! all of them at once, which covers a crash of either at any point.
+//! With `--role storage`, `--role meta` or `--role any`, the node runs with `--separate-roles`
+//! and only that role's process is killed: the mount stays up and the workload's change in
+//! flight fails (or completes, if it finished before the kill reached it). Once the supervisor
+//! has recovered and restarted the roles, the files are verified through the same mount; then
+//! the node is stopped cleanly, `stria fsck` must find it clean, and it starts again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
@@ -29,6 +32,7 @@ use stria_raid::Level;
 
 use super::node::{Node, ScratchArgs, require_fuse};
 use super::{CampaignArgs, Tally};
+use crate::epochs::Role;
 use crate::rng::SplitMix64;
 use crate::up::NodeRecord;
 use crate::usage;
@@ -42,6 +46,8 @@ const WORK_DIR: &str = "chaos";
 const DRIVE_SIZE: &str = "256M";
 /// How long the workload may take to notice the node is gone.
 const WORKER_EXIT_LIMIT: Duration = Duration::from_secs(60);
+/// A little more than how long the mount lets the kernel cache entries and attributes.
+const ATTR_TTL: Duration = Duration::from_millis(1200);
 /// Most bytes one write or overwrite adds.
 const WRITE_BYTES_MAX: u64 = 2 << 20;
 
@@ -58,6 +64,10 @@ pub struct KillArgs {
     /// The kill comes at a seeded moment up to this many milliseconds into the workload.
     #[arg(long, default_value_t = 2500)]
     kill_within_ms: u64,
+    /// What is killed: the whole node, or one role process of a node run with
+    /// --separate-roles (storage, meta, or any: a seeded pick per cycle).
+    #[arg(long, default_value = "node", value_parser = ["node", "storage", "meta", "any"])]
+    role: String,
     #[command(flatten)]
     campaign: CampaignArgs,
     #[command(flatten)]
@@ -457,6 +467,11 @@ fn work(work: PathBuf, mut journal: Journal, seed: u64, killed: Arc<AtomicBool>)
             return WorkerEnd { journal, ops, early_error: early, live_mismatches };
         }
         ops += 1;
+        // A killed role comes back: the workload stops at the first change that ends after
+        // the kill, whether it failed or not.
+        if killed.load(SeqCst) {
+            return WorkerEnd { journal, ops, early_error: None, live_mismatches };
+        }
     }
 }
 
@@ -549,12 +564,17 @@ fn verify(work: &Path, journal: &mut Journal) -> Verdict {
     }
     // Whatever the change left is now the durable state, once synced.
     for (name, content) in seen {
-        let synced = match &content {
-            Some(_) => File::open(work.join(&name)).and_then(|f| f.sync_all()),
-            None => Ok(()),
+        // A sync reports a loss by a restarted role once (EIO); the second says whether
+        // what is there now is durable.
+        let sync = || {
+            let synced = match &content {
+                Some(_) => File::open(work.join(&name)).and_then(|f| f.sync_all()),
+                None => Ok(()),
+            };
+            let dir = work.join(name.split('/').next().unwrap_or(""));
+            synced.and_then(|()| sync_dir(&dir))
         };
-        let dir = work.join(name.split('/').next().unwrap_or(""));
-        if let Err(e) = synced.and_then(|()| sync_dir(&dir)) {
+        if let Err(e) = sync().or_else(|_| sync()) {
             verdict.problems.push(format!("syncing {name} after the restart: {e}"));
         }
         match content {
@@ -589,8 +609,13 @@ pub fn run(args: KillArgs) -> Result<()> {
     require_fuse()?;
     let dir = args.scratch.make("kill")?;
     println!(
-        "campaign kill: seed {seed:#x}, {} cycles, {level} over {} drives, node in {}",
+        "campaign kill: seed {seed:#x}, {} cycles, kill -9 of the {}, {level} over {} drives, node in {}",
         args.campaign.cycles,
+        match args.role.as_str() {
+            "node" => "node".to_string(),
+            "any" => "storage or meta role".to_string(),
+            role => format!("{role} role"),
+        },
         drives_for(level),
         dir.display()
     );
@@ -602,8 +627,8 @@ pub fn run(args: KillArgs) -> Result<()> {
     let passed = tally.data_lost == 0 && tally.failures.is_empty();
     args.scratch.finish(&dir, passed);
     let replay = format!(
-        "kill --raid {} --cycles {} --rebuild-percent {} --kill-within-ms {}",
-        args.raid, args.campaign.cycles, args.rebuild_percent, args.kill_within_ms
+        "kill --raid {} --role {} --cycles {} --rebuild-percent {} --kill-within-ms {}",
+        args.raid, args.role, args.campaign.cycles, args.rebuild_percent, args.kill_within_ms
     );
     tally.finish("kill", seed, &replay)
 }
@@ -619,6 +644,11 @@ fn campaign(args: &KillArgs, seed: u64, level: Level, dir: &Path, tally: &mut Ta
         "--stripe-unit".into(),
         "64K".into(),
     ];
+    let roles = args.role != "node";
+    let mut shape = shape;
+    if roles {
+        shape.push("--separate-roles".into());
+    }
     let mut node = Node::start(dir, &shape)?;
     let work = node.mount.join(WORK_DIR);
     for d in DIRS {
@@ -659,8 +689,23 @@ fn campaign(args: &KillArgs, seed: u64, level: Level, dir: &Path, tally: &mut Ta
                 "rebuild done before the kill, "
             });
         }
+        let victim = match args.role.as_str() {
+            "storage" => Some(Role::Storage),
+            "meta" => Some(Role::Meta),
+            "any" => Some(if rng.below(2) == 0 { Role::Storage } else { Role::Meta }),
+            _ => None,
+        };
         killed.store(true, SeqCst);
-        node.kill()?;
+        let killed_pid = match victim {
+            Some(role) => {
+                note.push_str(&format!("{} role ", role.name()));
+                Some(node.kill_role(role)?)
+            }
+            None => {
+                node.kill()?;
+                None
+            }
+        };
         let end = match receive.recv_timeout(WORKER_EXIT_LIMIT) {
             Ok(end) => end,
             Err(_) => {
@@ -675,12 +720,28 @@ fn campaign(args: &KillArgs, seed: u64, level: Level, dir: &Path, tally: &mut Ta
         for m in end.live_mismatches {
             tally.fail(cycle, format_args!("read while running: {m}"));
         }
-        let fsck = node.fsck();
+        let (verdict, fsck) = match killed_pid {
+            Some(pid) => {
+                // The mount stayed up: verify through it once the roles are back (and the
+                // kernel's cached entries and attributes have expired), then check the
+                // stopped node.
+                node.wait_roles_back(pid)?;
+                std::thread::sleep(ATTR_TTL);
+                let verdict = verify(&work, &mut journal);
+                node.stop()?;
+                let fsck = node.fsck();
+                node.restart()?;
+                (verdict, fsck)
+            }
+            None => {
+                let fsck = node.fsck();
+                node.restart()?;
+                (verify(&work, &mut journal), fsck)
+            }
+        };
         if let Err(e) = &fsck {
             tally.fail(cycle, format_args!("after kill -9: {e}"));
         }
-        node.restart()?;
-        let verdict = verify(&work, &mut journal);
         if verdict.lost_bytes > 0 {
             tally.lost(cycle, verdict.lost_bytes, verdict.problems.join("; "));
         } else {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
+use crate::epochs::Role;
+
 /// How long a node may take to assemble its targets and mount.
 const START_LIMIT: Duration = Duration::from_secs(120);
 /// How long a node may take to stop after SIGTERM.
@@ -80,8 +82,12 @@ impl Node {
         let mount = dir.join("mnt");
         let mut args: Vec<String> = vec!["up".into(), "--data".into(), data.display().to_string()];
         args.extend(["--mount".into(), mount.display().to_string()]);
+        // Separate roles serve no REST API.
+        let rest = !shape.iter().any(|a| a == "--separate-roles");
         for flag in ["--meta-listen", "--storage-listen", "--mgmt-listen", "--api-listen"] {
-            args.extend([flag.to_string(), "127.0.0.1:0".to_string()]);
+            if flag != "--api-listen" || rest {
+                args.extend([flag.to_string(), "127.0.0.1:0".to_string()]);
+            }
         }
         args.push("--no-nbd".into());
         args.extend(shape.iter().cloned());
@@ -142,6 +148,43 @@ impl Node {
         child.kill().context("SIGKILL")?;
         child.wait().context("reaping the killed node")?;
         Ok(())
+    }
+
+    /// kill -9 of one role process of a node started with `--separate-roles`; returns its pid.
+    pub fn kill_role(&self, role: Role) -> Result<u32> {
+        let pid = crate::roles::serving_pid(&self.data, role)
+            .with_context(|| format!("no {} role is serving", role.name()))?;
+        // SAFETY: kill with a pid read from the role's record and a valid signal.
+        if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+            bail!(
+                "cannot kill the {} role (pid {pid}): {}",
+                role.name(),
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(pid)
+    }
+
+    /// Waits until the supervisor has restarted the roles after `killed` died: both serve
+    /// under new processes and the node answers the CLI.
+    pub fn wait_roles_back(&self, killed: u32) -> Result<()> {
+        let deadline = Instant::now() + START_LIMIT;
+        loop {
+            let pids =
+                [Role::Storage, Role::Meta].map(|r| crate::roles::serving_pid(&self.data, r));
+            let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+            let back = pids.iter().all(|p| p.is_some_and(|p| p != killed && alive(p)));
+            if back && self.cli(&["df"]).is_ok_and(|out| out.status.success()) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the roles were not back {START_LIMIT:?} after the kill: {}",
+                    self.stderr_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGTERM, and a clean stop within the limit.

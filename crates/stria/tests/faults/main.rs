@@ -1,4 +1,5 @@
-//! Fault campaigns through the real binary: `stria chaos drives`, `kill` and `enospc`, each
+//! Fault campaigns through the real binary: `stria chaos drives`, `kill` (of the node, and of
+//! its storage or metadata role) and `enospc`, each
 //! with a short, fixed seed, asserting on the exit status and the summary line (data lost: 0).
 //! STRIA_CHAOS_CYCLES raises the cycles of every campaign for a long run; STRIA_CHAOS_SEED
 //! replaces the fixed seeds.
@@ -35,6 +36,20 @@ fn kill_9_of_the_node_loses_no_fsynced_change() {
     campaign::require_fuse();
     let out = run_campaign(&["kill", "--rebuild-percent", "50"], cycles(3), 0x4b1);
     assert!(out.contains("fsck clean"), "{out}");
+}
+
+#[test]
+fn kill_9_of_the_storage_or_metadata_role_loses_no_fsynced_change() {
+    campaign::require_fuse();
+    // A seed whose first four cycles kill each role at least once.
+    let out =
+        run_campaign(&["kill", "--role", "any", "--rebuild-percent", "30"], cycles(4), 0x5101);
+    assert!(out.contains("fsck clean"), "{out}");
+    if !campaign::seed_replaced() {
+        for role in ["storage role killed", "meta role killed"] {
+            assert!(out.contains(role), "no `{role}` in:\n{out}");
+        }
+    }
 }
 
 #[test]

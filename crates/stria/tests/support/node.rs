@@ -92,9 +92,11 @@ impl Node {
             "127.0.0.1:0".into(),
             "--nbd-listen".into(),
             "127.0.0.1:0".into(),
-            "--api-listen".into(),
-            "127.0.0.1:0".into(),
         ];
+        // Separate roles serve no REST API.
+        if !extra.contains(&"--separate-roles") {
+            args.extend(["--api-listen".into(), "127.0.0.1:0".into()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut node = Node { child: None, data: data.to_path_buf(), mount, args };
         node.spawn();
