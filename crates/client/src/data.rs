@@ -373,26 +373,27 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
     let inode = &file.inode;
     drain_inode(inode).await?;
     let _publishing = inode.publish_lock.lock().await;
+    // The size stays marked unpublished until the metadata service has it: until then every
+    // getattr must still add it (a getattr answered in between would show the old size, and
+    // the kernel would keep it for the attribute timeout).
     let (error, dirty, size, mtime, layout) = {
         let mut state = inode.state();
-        let dirty = state.size_dirty;
-        state.size_dirty = false;
-        (state.write_error.take(), dirty, state.size, state.mtime, state.layout.clone())
+        (state.write_error.take(), state.size_dirty, state.size, state.mtime, state.layout.clone())
     };
     if let Some(error) = error {
-        // The writes that did succeed still extend the file: publish at the next flush.
-        inode.state().size_dirty |= dirty;
+        // The writes that did succeed still extend the file: published at the next flush.
         return Err(error);
     }
     if durable && let Some(layout) = &layout {
         sync_targets(&inner.storage, distinct_targets(layout)).await?;
     }
     if dirty {
-        let published =
-            inner.meta.call(MetaRequest::ExtendSize { ino: file.ino, size, mtime }).await;
-        if let Err(error) = published {
-            inode.state().size_dirty = true;
-            return Err(error);
+        inner.meta.call(MetaRequest::ExtendSize { ino: file.ino, size, mtime }).await?;
+        let mut state = inode.state();
+        // A write that came meanwhile is for the next flush.
+        if state.size == size && state.mtime == mtime {
+            inner.files.published();
+            state.size_dirty = false;
         }
     }
     if durable {

@@ -95,6 +95,9 @@ pub(crate) struct OpenFiles {
     inodes: Mutex<HashMap<Ino, Arc<InodeData>>>,
     next_handle: AtomicU64,
     write_behind_bytes: u32,
+    /// Sizes published by this client so far: an attribute reply fetched while one was being
+    /// published may predate it, though the size is no longer marked unpublished.
+    publishes: AtomicU64,
 }
 
 impl OpenFiles {
@@ -104,6 +107,7 @@ impl OpenFiles {
             inodes: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             write_behind_bytes: write_behind_bytes.clamp(16 << 20, u32::MAX as usize) as u32,
+            publishes: AtomicU64::new(0),
         }
     }
 
@@ -199,12 +203,23 @@ impl OpenFiles {
         self.inodes.lock().unwrap_or_else(|e| e.into_inner()).get(&ino).cloned()
     }
 
+    /// Taken before asking the metadata service for attributes, for [`OpenFiles::overlay`].
+    pub fn publishes(&self) -> u64 {
+        self.publishes.load(Ordering::SeqCst)
+    }
+
+    /// A size was published: called before its inode's unpublished mark is cleared.
+    pub fn published(&self) {
+        self.publishes.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Attributes as this client sees them: the metadata service's, with the size and mtime of
-    /// writes still queued here.
-    pub fn overlay(&self, mut attr: Attr) -> Attr {
+    /// writes still queued here, or published since `since` (a [`OpenFiles::publishes`] taken
+    /// before the request: its reply may predate the publish).
+    pub fn overlay(&self, mut attr: Attr, since: u64) -> Attr {
         if let Some(inode) = self.inode(attr.ino) {
             let state = inode.state();
-            if state.size_dirty {
+            if state.size_dirty || self.publishes() != since {
                 attr.size = attr.size.max(state.size);
                 attr.mtime = attr.mtime.max(state.mtime);
             }

@@ -168,8 +168,9 @@ impl Client {
     }
 
     fn attr_reply(&self, request: MetaRequest) -> FsResult<Attr> {
+        let since = self.inner.files.publishes();
         match self.meta(request)? {
-            MetaReply::Attr(attr) => Ok(self.inner.files.overlay(attr)),
+            MetaReply::Attr(attr) => Ok(self.inner.files.overlay(attr, since)),
             other => Err(unexpected(&other)),
         }
     }
@@ -200,6 +201,7 @@ impl Client {
             self.inner.files.before_truncate(ino, size);
         }
         let truncating = set.size.is_some();
+        let since = self.inner.files.publishes();
         let (attr, old_size) =
             match self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set })? {
                 MetaReply::SetAttr { attr, old_size } => (attr, old_size),
@@ -211,7 +213,7 @@ impl Client {
         {
             self.block(data::trim(&self.inner, ino, layout, attr.size))?;
         }
-        Ok(self.inner.files.overlay(attr))
+        Ok(self.inner.files.overlay(attr, since))
     }
 
     // The arguments are those of mknod(2)/FUSE's create; the mount passes them straight on.
@@ -260,6 +262,7 @@ impl Client {
             exclusive,
             open: Some(mask),
         };
+        let since = self.inner.files.publishes();
         match self.meta(request)? {
             // An empty file's (no) bytes are known; one that already held bytes is read as
             // any other.
@@ -269,7 +272,7 @@ impl Client {
                 if created {
                     self.inner.files.no_xattrs(attr.ino);
                 }
-                Ok((fh, self.inner.files.overlay(attr)))
+                Ok((fh, self.inner.files.overlay(attr, since)))
             }
             other => Err(unexpected(&other)),
         }
@@ -396,13 +399,14 @@ impl Client {
 
     /// Opens a file for I/O (`mask`: the R_OK/W_OK bits the open needs).
     pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
+        let since = self.inner.files.publishes();
         let (attr, inline) =
             match self.meta(MetaRequest::Open { caller: caller.clone(), ino, mask })? {
                 MetaReply::Open { attr, inline, .. } => (attr, inline),
                 other => return Err(unexpected(&other)),
             };
         let fh = self.inner.files.open(&attr, inline);
-        Ok((fh, self.inner.files.overlay(attr)))
+        Ok((fh, self.inner.files.overlay(attr, since)))
     }
 
     pub fn read(&self, fh: FileHandleId, offset: u64, len: u32) -> FsResult<Vec<u8>> {
