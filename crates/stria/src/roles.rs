@@ -165,18 +165,32 @@ fn run_storage(args: StorageRoleArgs) -> Result<()> {
     let runtime = role_runtime()?;
     let serving =
         runtime.block_on(crate::node::serve_storage(args.listen, storage.clone(), &secret))?;
-    write_record(&data, Role::Storage, serving.addr)?;
-    tracing::info!(addr = %serving.addr, epoch, "storage role serving");
+    serve_until_stopped(&data, Role::Storage, epoch, runtime, serving, || {
+        storage.sync_all().context("syncing the targets")
+    })
+}
+
+/// Records the serving role for its supervisor, serves until SIGTERM or Ctrl-C, then stops
+/// the server, makes the role's state durable with `sync` and hands its epoch over.
+fn serve_until_stopped(
+    data: &Path,
+    role: Role,
+    epoch: stria_proto::wire::Epoch,
+    runtime: tokio::runtime::Runtime,
+    serving: crate::node::Serving,
+    sync: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    write_record(data, role, serving.addr)?;
+    tracing::info!(addr = %serving.addr, epoch, "{} role serving", role.name());
     while !interrupt::requested() {
         std::thread::sleep(Duration::from_millis(100));
     }
     runtime.block_on(serving.shutdown());
     runtime.shutdown_timeout(Duration::from_secs(5));
-    storage.sync_all().context("syncing the targets")?;
-    drop(storage);
-    epochs::hand_over(&data, Role::Storage, epoch)?;
-    let _ = std::fs::remove_file(record_path(&data, Role::Storage));
-    tracing::info!("storage role stopped cleanly");
+    sync()?;
+    epochs::hand_over(data, role, epoch)?;
+    let _ = std::fs::remove_file(record_path(data, role));
+    tracing::info!("{} role stopped cleanly", role.name());
     Ok(())
 }
 
@@ -220,19 +234,9 @@ fn run_meta(args: MetaRoleArgs) -> Result<()> {
         epoch,
         &secret,
     ))?;
-    write_record(&data, Role::Meta, serving.addr)?;
-    tracing::info!(addr = %serving.addr, epoch, "metadata role serving");
-    while !interrupt::requested() {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    runtime.block_on(serving.shutdown());
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    meta.sync().context("syncing the namespace")?;
-    drop(meta);
-    epochs::hand_over(&data, Role::Meta, epoch)?;
-    let _ = std::fs::remove_file(record_path(&data, Role::Meta));
-    tracing::info!("metadata role stopped cleanly");
-    Ok(())
+    serve_until_stopped(&data, Role::Meta, epoch, runtime, serving, || {
+        meta.sync().context("syncing the namespace")
+    })
 }
 
 /// One role process the supervisor runs.
