@@ -51,6 +51,11 @@ pub struct ClientConfig {
     /// The cluster secret proven to every service (`DATA/cluster-secret` of the node);
     /// `None` only for services that run without one.
     pub secret: Option<stria_rpc::ClusterSecret>,
+    /// How long a request waits for a service that cannot be reached (restarting), trying
+    /// again with backoff: every request the service never got, and idempotent ones also when
+    /// the connection broke under them. Zero (the default) fails at once, as a command line
+    /// tool wants; a mount that should ride out a role restart sets it.
+    pub reconnect_wait: Duration,
 }
 
 impl ClientConfig {
@@ -63,6 +68,7 @@ impl ClientConfig {
             write_behind_bytes: 64 << 20,
             readahead_bytes: 8 << 20,
             secret: None,
+            reconnect_wait: Duration::ZERO,
         }
     }
 
@@ -136,18 +142,13 @@ impl Client {
     /// Connects lazily: the first request to each service opens its connection.
     pub fn new(runtime: Handle, config: ClientConfig) -> Client {
         let watch = Arc::new(durability::DurabilityWatch::default());
-        let meta = MetaConn::new(
-            config.meta,
-            config.request_timeout,
-            config.secret.clone(),
-            watch.clone(),
-        );
-        let storage = StorageConns::new(
-            &config.targets,
-            config.request_timeout,
-            config.secret.clone(),
-            watch.clone(),
-        );
+        let settings = transport::ConnSettings {
+            timeout: config.request_timeout,
+            secret: config.secret.clone(),
+            reconnect_wait: config.reconnect_wait,
+        };
+        let meta = MetaConn::new(config.meta, &settings, watch.clone());
+        let storage = StorageConns::new(&config.targets, &settings, watch.clone());
         let files = OpenFiles::new(config.write_behind_bytes);
         let meta = Arc::new(meta);
         let purger = purge::Purger::new(meta.clone(), storage.clone());

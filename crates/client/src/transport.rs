@@ -21,33 +21,90 @@ use tokio::sync::OnceCell;
 use crate::durability::{DurabilityWatch, Service};
 use crate::{DriveChangeError, FsResult};
 
+/// How every connection of a client talks to its service (from [`crate::ClientConfig`]).
+#[derive(Clone, Debug)]
+pub(crate) struct ConnSettings {
+    /// Deadline of one try of a request.
+    pub timeout: Duration,
+    pub secret: Option<ClusterSecret>,
+    /// How long a request waits for an unreachable service to come back.
+    pub reconnect_wait: Duration,
+}
+
 /// One service address with a lazily opened, pipelined connection.
 #[derive(Debug)]
 struct Conn {
     addr: SocketAddr,
     timeout: Duration,
     secret: Option<ClusterSecret>,
+    reconnect_wait: Duration,
     client: OnceCell<stria_rpc::Client>,
 }
 
+/// A failed try of a request: why, and whether it may have reached the service.
+struct Failed {
+    status: FsStatus,
+    maybe_sent: bool,
+}
+
 impl Conn {
-    fn new(addr: SocketAddr, timeout: Duration, secret: Option<ClusterSecret>) -> Conn {
-        Conn { addr, timeout, secret, client: OnceCell::new() }
+    fn new(addr: SocketAddr, settings: &ConnSettings) -> Conn {
+        Conn {
+            addr,
+            timeout: settings.timeout,
+            secret: settings.secret.clone(),
+            reconnect_wait: settings.reconnect_wait,
+            client: OnceCell::new(),
+        }
     }
 
-    async fn call(&self, method: u16, message: Bytes, data: Bytes) -> FsResult<(Bytes, Bytes)> {
-        let reply = self.call_raw(method, message, data).await?;
+    async fn call(
+        &self,
+        method: u16,
+        message: Bytes,
+        data: Bytes,
+        idempotent: bool,
+    ) -> FsResult<(Bytes, Bytes)> {
+        let reply = self.call_raw(method, message, data, idempotent).await?;
         status_to_result(reply.status)?;
         Ok((reply.message, reply.data))
     }
 
     /// The reply whatever its status: refusals that explain themselves keep their message.
+    /// While the service cannot be reached, the request is tried again for up to
+    /// `reconnect_wait`: any request the service never got, and an `idempotent` one (the same
+    /// result however often it runs) also when the connection broke under it.
     async fn call_raw(
         &self,
         method: u16,
         message: Bytes,
         data: Bytes,
+        idempotent: bool,
     ) -> FsResult<stria_rpc::Reply> {
+        let give_up = tokio::time::Instant::now() + self.reconnect_wait;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.try_call(method, message.clone(), data.clone()).await {
+                Ok(reply) => return Ok(reply),
+                Err(failed)
+                    if (!failed.maybe_sent || idempotent)
+                        && tokio::time::Instant::now() + pause < give_up =>
+                {
+                    tracing::debug!(addr = %self.addr, method, "service unreachable; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(failed) => return Err(failed.status),
+            }
+        }
+    }
+
+    async fn try_call(
+        &self,
+        method: u16,
+        message: Bytes,
+        data: Bytes,
+    ) -> Result<stria_rpc::Reply, Failed> {
         let client = self
             .client
             .get_or_try_init(|| async {
@@ -56,15 +113,24 @@ impl Conn {
                 stria_rpc::Client::connect_with(self.addr, config).await.map_err(|error| {
                     tracing::warn!(addr = %self.addr, %error, "cannot connect");
                     match error {
-                        stria_rpc::RpcError::Unauthenticated { .. } => FsStatus::Access,
-                        _ => FsStatus::Unavailable,
+                        stria_rpc::RpcError::Unauthenticated { .. } => {
+                            // Waiting does not change the secret: no retry.
+                            Failed { status: FsStatus::Access, maybe_sent: true }
+                        }
+                        _ => Failed { status: FsStatus::Unavailable, maybe_sent: false },
                     }
                 })
             })
             .await?;
         client.call(method, message, data, self.timeout).await.map_err(|error| {
             tracing::warn!(addr = %self.addr, method, %error, "request failed");
-            FsStatus::Io
+            match error {
+                // The connection (or reconnection) failed before the request went out.
+                stria_rpc::RpcError::Connect { .. } => {
+                    Failed { status: FsStatus::Unavailable, maybe_sent: false }
+                }
+                _ => Failed { status: FsStatus::Io, maybe_sent: true },
+            }
         })
     }
 
@@ -73,9 +139,10 @@ impl Conn {
         method: u16,
         request: &Req,
         data: Bytes,
+        idempotent: bool,
     ) -> FsResult<(Resp, Bytes)> {
         let message = postcard::to_stdvec(request).map_err(|_| FsStatus::Invalid)?;
-        let (message, data) = self.call(method, Bytes::from(message), data).await?;
+        let (message, data) = self.call(method, Bytes::from(message), data, idempotent).await?;
         let reply = postcard::from_bytes(&message).map_err(|error| {
             tracing::error!(addr = %self.addr, method, %error, "undecodable reply");
             FsStatus::Io
@@ -112,13 +179,8 @@ pub(crate) struct MetaConn {
 }
 
 impl MetaConn {
-    pub fn new(
-        addr: SocketAddr,
-        timeout: Duration,
-        secret: Option<ClusterSecret>,
-        watch: Arc<DurabilityWatch>,
-    ) -> MetaConn {
-        MetaConn { conn: Conn::new(addr, timeout, secret), watch }
+    pub fn new(addr: SocketAddr, settings: &ConnSettings, watch: Arc<DurabilityWatch>) -> MetaConn {
+        MetaConn { conn: Conn::new(addr, settings), watch }
     }
 
     pub async fn call(&self, request: MetaRequest) -> FsResult<MetaReply> {
@@ -129,8 +191,9 @@ impl MetaConn {
     /// watch, and a `Sync` settles the changes noted before it.
     pub async fn call_at(&self, request: MetaRequest) -> FsResult<(Epoch, MetaReply)> {
         let mark = self.watch.mark();
+        let idempotent = request.is_idempotent();
         let (answer, _): ((Epoch, MetaReply), _) =
-            self.conn.call_typed(meta_method::CALL, &request, Bytes::new()).await?;
+            self.conn.call_typed(meta_method::CALL, &request, Bytes::new(), idempotent).await?;
         let (epoch, reply) = answer;
         if matches!(request, MetaRequest::Sync) {
             self.watch.synced(Service::Meta, mark, epoch);
@@ -160,8 +223,7 @@ pub(crate) struct StorageConns {
 impl StorageConns {
     pub fn new(
         targets: &[(TargetId, SocketAddr)],
-        timeout: Duration,
-        secret: Option<ClusterSecret>,
+        settings: &ConnSettings,
         watch: Arc<DurabilityWatch>,
     ) -> StorageConns {
         let mut by_addr: HashMap<SocketAddr, Arc<Conn>> = HashMap::new();
@@ -169,7 +231,7 @@ impl StorageConns {
         for (target, addr) in targets {
             let conn = by_addr
                 .entry(*addr)
-                .or_insert_with(|| Arc::new(Conn::new(*addr, timeout, secret.clone())))
+                .or_insert_with(|| Arc::new(Conn::new(*addr, settings)))
                 .clone();
             map.insert(*target, conn);
         }
@@ -200,13 +262,13 @@ impl StorageConns {
     pub async fn chunk_read(&self, request: ChunkRead) -> FsResult<Bytes> {
         let conn = self.conn(request.target)?;
         let ((), data) =
-            conn.call_typed(storage_method::CHUNK_READ, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::CHUNK_READ, &request, Bytes::new(), true).await?;
         Ok(data)
     }
 
     pub async fn chunk_write(&self, request: ChunkWrite, data: Bytes) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        let (epoch, _) = conn.call_typed(storage_method::CHUNK_WRITE, &request, data).await?;
+        let (epoch, _) = conn.call_typed(storage_method::CHUNK_WRITE, &request, data, true).await?;
         self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
@@ -214,7 +276,7 @@ impl StorageConns {
     pub async fn chunk_truncate(&self, request: ChunkTruncate) -> FsResult<()> {
         let conn = self.conn(request.target)?;
         let (epoch, _) =
-            conn.call_typed(storage_method::CHUNK_TRUNCATE, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::CHUNK_TRUNCATE, &request, Bytes::new(), true).await?;
         self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
@@ -222,7 +284,7 @@ impl StorageConns {
     pub async fn object_remove(&self, request: ObjectRemove) -> FsResult<()> {
         let conn = self.conn(request.target)?;
         let (epoch, _) =
-            conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new(), true).await?;
         self.changed(request.target, request.object, epoch);
         Ok(())
     }
@@ -230,21 +292,22 @@ impl StorageConns {
     pub async fn chunk_punch(&self, request: ChunkPunch) -> FsResult<()> {
         let conn = self.conn(request.target)?;
         let (epoch, _) =
-            conn.call_typed(storage_method::CHUNK_PUNCH, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::CHUNK_PUNCH, &request, Bytes::new(), true).await?;
         self.changed(request.target, request.chunk.object, epoch);
         Ok(())
     }
 
     pub async fn chunk_map(&self, request: ChunkMap) -> FsResult<ChunkMapReply> {
         let conn = self.conn(request.target)?;
-        let (reply, _) = conn.call_typed(storage_method::CHUNK_MAP, &request, Bytes::new()).await?;
+        let (reply, _) =
+            conn.call_typed(storage_method::CHUNK_MAP, &request, Bytes::new(), true).await?;
         Ok(reply)
     }
 
     pub async fn object_space(&self, request: ObjectSpace) -> FsResult<ObjectSpaceReply> {
         let conn = self.conn(request.target)?;
         let (reply, _) =
-            conn.call_typed(storage_method::OBJECT_SPACE, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::OBJECT_SPACE, &request, Bytes::new(), true).await?;
         Ok(reply)
     }
 
@@ -252,15 +315,16 @@ impl StorageConns {
         let conn = self.conn(request.target)?;
         let mark = self.watch.mark();
         let (epoch, _) =
-            conn.call_typed(storage_method::TARGET_SYNC, &request, Bytes::new()).await?;
+            conn.call_typed(storage_method::TARGET_SYNC, &request, Bytes::new(), true).await?;
         self.watch.synced(Service::Target(request.target), mark, epoch);
         Ok(())
     }
 
     pub async fn fail_drive(&self, request: TargetFailDrive) -> FsResult<TargetInfo> {
         let conn = self.conn(request.target)?;
-        let (info, _) =
-            conn.call_typed(storage_method::TARGET_FAIL_DRIVE, &request, Bytes::new()).await?;
+        let (info, _) = conn
+            .call_typed(storage_method::TARGET_FAIL_DRIVE, &request, Bytes::new(), false)
+            .await?;
         Ok(info)
     }
 
@@ -276,7 +340,7 @@ impl StorageConns {
         let message =
             postcard::to_stdvec(request).map_err(|_| DriveChangeError::bare(FsStatus::Invalid))?;
         let reply = conn
-            .call_raw(method, Bytes::from(message), Bytes::new())
+            .call_raw(method, Bytes::from(message), Bytes::new(), false)
             .await
             .map_err(DriveChangeError::bare)?;
         if let Err(status) = status_to_result(reply.status) {
@@ -296,7 +360,7 @@ impl StorageConns {
         let mut all = Vec::new();
         for conn in self.all.iter() {
             let (infos, _): (Vec<TargetInfo>, _) =
-                conn.call_typed(storage_method::TARGET_LIST, &(), Bytes::new()).await?;
+                conn.call_typed(storage_method::TARGET_LIST, &(), Bytes::new(), true).await?;
             all.extend(infos);
         }
         all.sort_by_key(|info| info.target);

@@ -436,6 +436,26 @@ impl MetaRequest {
         }
     }
 
+    /// Whether running the request twice leaves the same state and answer as running it once,
+    /// so a client may send it again when the connection broke before the reply: reads, and
+    /// changes that set absolute values. Not the ones that add or remove names, count opens,
+    /// or refuse a second time (creates, links, removals, renames, opens, releases, xattr
+    /// changes).
+    pub fn is_idempotent(&self) -> bool {
+        self.is_read_only()
+            || matches!(
+                self,
+                MetaRequest::SetAttr { .. }
+                    | MetaRequest::WriteInline { .. }
+                    | MetaRequest::Spill { .. }
+                    | MetaRequest::SpillCommit { .. }
+                    | MetaRequest::ExtendSize { .. }
+                    | MetaRequest::SetFileLayout { .. }
+                    | MetaRequest::SetLayoutPolicy { .. }
+                    | MetaRequest::Sync
+            )
+    }
+
     /// Whether the request only reads the namespace.
     pub fn is_read_only(&self) -> bool {
         matches!(

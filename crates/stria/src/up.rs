@@ -99,7 +99,9 @@ pub struct UpArgs {
     pub no_nbd: bool,
     /// Run the storage role and the metadata role as processes of their own (`stria role`),
     /// supervised by this one: a role that dies is recovered from and restarted while the
-    /// mount, the NBD gateway and the management service stay up. The REST API and the
+    /// mount, the NBD gateway and the management service stay up; their requests wait for it
+    /// (up to a minute) instead of failing, except changes that cannot be safely sent twice
+    /// and were in flight at the crash. The REST API and the
     /// dashboard are not served in this mode (they read the drives in this process).
     #[arg(long, conflicts_with = "api_listen")]
     pub separate_roles: bool,
@@ -363,14 +365,16 @@ pub fn run(args: UpArgs) -> Result<()> {
         Servers::InProcess { services, meta, storage, meta_epoch, storage_epoch }
     };
     let (meta_addr, storage_addr) = servers.addrs();
-    let client = stria_client::Client::new(
-        runtime.handle().clone(),
-        stria_client::ClientConfig::new(
-            meta_addr,
-            pool_targets.iter().map(|t| (*t, storage_addr)).collect(),
-        )
-        .with_secret(secret.clone()),
-    );
+    let mut client_config = stria_client::ClientConfig::new(
+        meta_addr,
+        pool_targets.iter().map(|t| (*t, storage_addr)).collect(),
+    )
+    .with_secret(secret.clone());
+    if args.separate_roles {
+        // Requests made while a role restarts wait for it rather than fail.
+        client_config.reconnect_wait = ROLE_RESTART_WAIT;
+    }
+    let client = stria_client::Client::new(runtime.handle().clone(), client_config);
 
     let pools: stria_mgmt::PoolResolver = {
         let targets = pool_targets.clone();
@@ -521,6 +525,10 @@ pub fn run(args: UpArgs) -> Result<()> {
     eprintln!("stopped cleanly");
     result
 }
+
+/// How long a request of the mount, the gateway or the management service waits for a role
+/// process that is being restarted (`--separate-roles`).
+const ROLE_RESTART_WAIT: Duration = Duration::from_secs(60);
 
 /// Where the node's storage and metadata services run.
 enum Servers {

@@ -10,6 +10,7 @@ mod support;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -24,11 +25,16 @@ fn role_pid(data: &Path, role: &str) -> Option<u32> {
     record["pid"].as_u64().map(|pid| pid as u32)
 }
 
-/// kill -9 of one role; returns once the supervisor has both roles serving again.
-fn kill_role(node: &Node, role: &str) {
+/// kill -9 of one role; returns its pid.
+fn kill_role(node: &Node, role: &str) -> u32 {
     let pid = role_pid(&node.data, role).unwrap_or_else(|| panic!("no {role} role record"));
     // SAFETY: kill with a pid from the role's record and a valid signal.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0, "kill the {role} role");
+    pid
+}
+
+/// Returns once the supervisor has both roles serving again after `pid` died.
+fn wait_roles_back(node: &Node, pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let back = ["storage", "meta"].iter().all(|r| {
@@ -69,7 +75,17 @@ fn killed_roles_come_back_and_a_lost_change_fails_its_sync_once() {
     b.write_all(&pattern(2, 0, 1 << 20)).unwrap();
     b.flush().unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    kill_role(&node, "storage");
+    let killed = kill_role(&node, "storage");
+    // A read made while the role is down (O_DIRECT: past the page cache) waits for it and
+    // succeeds.
+    let direct =
+        OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(mnt.join("a")).unwrap();
+    let mut again = vec![0u8; durable.len()];
+    direct.read_exact_at(&mut again, 0).expect("a read during the restart waits for the role");
+    assert_eq!(again, durable);
+    let log = std::fs::read_to_string(node.data.join("logs/stria.log")).unwrap();
+    assert!(log.contains("cannot connect"), "the read never met the dead role:\n{log}");
+    wait_roles_back(&node, killed);
     let lost = b.sync_all().expect_err("the restarted storage role lost b's data");
     assert_eq!(lost.raw_os_error(), Some(libc::EIO), "{lost}");
     b.sync_all().expect("the loss is reported once");
@@ -86,14 +102,18 @@ fn killed_roles_come_back_and_a_lost_change_fails_its_sync_once() {
     std::fs::create_dir(mnt.join("d")).unwrap();
     File::open(&mnt).unwrap().sync_all().unwrap();
     OpenOptions::new().create(true).write(true).open(mnt.join("d/e")).unwrap();
-    kill_role(&node, "meta");
+    let killed = kill_role(&node, "meta");
+    // A lookup of a name never looked up before (nothing cached) waits for the role.
+    let missing = std::fs::metadata(mnt.join("d/never")).expect_err("no such name");
+    assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{missing}");
+    wait_roles_back(&node, killed);
     let d = File::open(mnt.join("d")).unwrap();
     let lost = d.sync_all().expect_err("the restarted metadata role may have lost d/e");
     assert_eq!(lost.raw_os_error(), Some(libc::EIO), "{lost}");
     d.sync_all().expect("the loss is reported once");
     assert_eq!(std::fs::read(mnt.join("a")).unwrap(), durable);
     assert_eq!(std::fs::read(mnt.join("c")).unwrap(), pattern(3, 0, 1 << 20));
-    drop((a, b, c, d));
+    drop((a, b, c, d, direct));
 
     node.stop();
     let fsck = node.cli(&["fsck"]);
