@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stria_rpc::{Client, ClientConfig, Response, Router, Server};
+use stria_rpc::{Client, ClientConfig, Response, Router, Server, ServerConfig};
 
 const SMALL: u16 = 1;
 const PUT: u16 = 2;
@@ -72,11 +72,19 @@ fn main() {
                 let data = reply_mib.clone();
                 async move { Response::ok(Bytes::new(), data) }
             });
+        let router = Arc::new(router);
         let server = Server::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let addr = server.local_addr();
-        tokio::spawn(server.serve(Arc::new(router)));
+        tokio::spawn(server.serve(router.clone()));
         let client = Client::connect(addr).await.expect("connect");
         let no_crc = Client::new(addr, ClientConfig { payload_crc: false, ..Default::default() });
+        // The same service taking this process's clients through memory.
+        let config = ServerConfig { in_process: true, ..ServerConfig::default() };
+        let local =
+            Server::bind_with("127.0.0.1:0".parse().expect("addr"), config).await.expect("bind");
+        let local_addr = local.local_addr();
+        tokio::spawn(local.serve(router));
+        let in_memory = Client::connect(local_addr).await.expect("connect in process");
 
         println!("stria-rpc loopback throughput, {seconds} s per row, 2 runtime threads");
         run("small call (1-byte message)", &client, 1, seconds, SMALL, Bytes::new(), 0).await;
@@ -84,5 +92,10 @@ fn main() {
         run("1 MiB write (request data)", &client, 8, seconds, PUT, one_mib.clone(), MIB).await;
         run("1 MiB write, no payload crc", &no_crc, 8, seconds, PUT, one_mib.clone(), MIB).await;
         run("1 MiB read (reply data)", &client, 8, seconds, GET, Bytes::new(), MIB).await;
+        println!("the same through memory (ServerConfig::in_process), side by side");
+        run("small call, in process", &in_memory, 1, seconds, SMALL, Bytes::new(), 0).await;
+        run("small call, in process", &in_memory, 64, seconds, SMALL, Bytes::new(), 0).await;
+        run("1 MiB write, in process", &in_memory, 8, seconds, PUT, one_mib.clone(), MIB).await;
+        run("1 MiB read, in process", &in_memory, 8, seconds, GET, Bytes::new(), MIB).await;
     });
 }

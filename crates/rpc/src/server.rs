@@ -175,6 +175,9 @@ pub struct ServerConfig {
     pub secret: Option<ClusterSecret>,
     /// A peer that has not finished the authentication handshake by then is disconnected.
     pub handshake_timeout: Duration,
+    /// Also serve clients of this process through memory instead of loopback TCP (see
+    /// [`crate::transport`]); for a node that runs roles and their clients together.
+    pub in_process: bool,
 }
 
 impl Default for ServerConfig {
@@ -189,6 +192,7 @@ impl Default for ServerConfig {
             payload_crc: true,
             secret: None,
             handshake_timeout: Duration::from_secs(10),
+            in_process: false,
         }
     }
 }
@@ -227,7 +231,11 @@ impl Server {
     }
 
     pub async fn bind_with(addr: SocketAddr, config: ServerConfig) -> io::Result<Server> {
-        Server::with_listener(Box::new(TcpAcceptor::bind(addr).await?), config)
+        let mut acceptor = TcpAcceptor::bind(addr).await?;
+        if config.in_process {
+            acceptor = acceptor.serve_in_process()?;
+        }
+        Server::with_listener(Box::new(acceptor), config)
     }
 
     /// A server on any transport.

@@ -1,0 +1,70 @@
+//! A server with `in_process` takes clients of its own process through memory: same frames,
+//! same authentication, same answers; clients of other processes still use TCP. Once the
+//! server is gone, its address is no longer served in memory.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use stria_rpc::transport::served_in_process;
+use stria_rpc::{Client, ClientConfig, ClusterSecret, RpcError, ServerConfig};
+use tokio::io::AsyncWriteExt;
+
+const T: Duration = Duration::from_secs(10);
+
+fn secret(fill: u8) -> ClusterSecret {
+    ClusterSecret::from_bytes(&[fill; 32])
+}
+
+#[tokio::test]
+async fn in_process_clients_are_served_through_memory_with_the_same_checks() {
+    let config =
+        ServerConfig { secret: Some(secret(1)), in_process: true, ..ServerConfig::default() };
+    let server = start_with(config).await;
+    assert!(served_in_process(server.addr));
+
+    // A member: served, with bulk data both ways, many calls in flight.
+    let member = ClientConfig { secret: Some(secret(1)), ..ClientConfig::default() };
+    let client = Client::connect_with(server.addr, member).await.unwrap();
+    let data = Bytes::from(vec![0x5au8; 3 << 20]);
+    let mut calls = Vec::new();
+    for i in 0..32u8 {
+        let (client, data) = (client.clone(), data.clone());
+        calls.push(tokio::spawn(async move {
+            client.call(ECHO, Bytes::from(vec![i]), data, T).await.unwrap()
+        }));
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let reply = call.await.unwrap();
+        assert_eq!((reply.status, &reply.message[..]), (0, &[i as u8][..]));
+        assert_eq!(reply.data, data);
+    }
+
+    // A stranger is refused in memory as over TCP.
+    let stranger = ClientConfig { secret: Some(secret(2)), ..ClientConfig::default() };
+    match Client::connect_with(server.addr, stranger).await {
+        Err(RpcError::Unauthenticated { .. }) => {}
+        other => panic!("a stranger was not refused: {other:?}"),
+    }
+
+    // Another process's view: plain TCP still works on the same address.
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    tcp.write_all(&[0u8; 8]).await.unwrap();
+
+    server.shutdown.shutdown();
+    server.task.await.unwrap().unwrap();
+    assert!(!served_in_process(server.addr), "a stopped server still registered");
+}
+
+#[tokio::test]
+async fn servers_without_the_option_are_reached_over_tcp_only() {
+    let server = start().await;
+    assert!(!served_in_process(server.addr));
+    let client = Client::connect(server.addr).await.unwrap();
+    let reply = client.call(ECHO, Bytes::from_static(b"m"), Bytes::new(), T).await.unwrap();
+    assert_eq!(reply.status, 0);
+}
