@@ -203,6 +203,13 @@ impl OpenFiles {
         self.inodes.lock().unwrap_or_else(|e| e.into_inner()).get(&ino).cloned()
     }
 
+    /// Every inode open here, with the size this client knows for it.
+    pub fn sizes(&self) -> Vec<(Ino, u64)> {
+        let inodes: Vec<Arc<InodeData>> =
+            self.inodes.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        inodes.iter().map(|inode| (inode.ino, inode.state().size)).collect()
+    }
+
     /// Taken before asking the metadata service for attributes, for [`OpenFiles::overlay`].
     pub fn publishes(&self) -> u64 {
         self.publishes.load(Ordering::SeqCst)

@@ -596,6 +596,12 @@ impl Client {
         Ok(())
     }
 
+    /// Every file open through this client with the size it knows, its writes not yet
+    /// published included: what recovery after a crashed service must not take for strays.
+    pub fn open_file_sizes(&self) -> Vec<(Ino, u64)> {
+        self.inner.files.sizes()
+    }
+
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
     }

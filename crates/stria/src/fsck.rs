@@ -73,7 +73,8 @@ pub fn run(args: FsckArgs) -> Result<()> {
         }
     }
 
-    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans };
+    let none = BTreeMap::new();
+    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans, live: &none };
     let mut chunks = 0u64;
     let mut strays = 0u64;
     let mut chunk_bytes = 0u64;
@@ -159,6 +160,9 @@ struct Owners<'a> {
     seen: &'a BTreeMap<Ino, Seen>,
     volumes: &'a BTreeMap<u64, stria_mgmt::VolumeRecord>,
     orphans: &'a BTreeSet<Ino>,
+    /// Sizes a live client knows and may not have published yet: bytes below them are its
+    /// data, not strays.
+    live: &'a BTreeMap<Ino, u64>,
 }
 
 /// What to do with a chunk holding bytes no file or volume owns.
@@ -199,6 +203,7 @@ impl Owners<'_> {
         let Some((size, layout)) = self.owner(ino) else {
             return (!self.orphans.contains(&ino)).then_some(Stray::Remove);
         };
+        let size = size.max(self.live.get(&ino).copied().unwrap_or(0));
         let start = chunk.index * layout.chunk_bytes as u64;
         if start >= size {
             return Some(Stray::Remove);
@@ -210,11 +215,14 @@ impl Owners<'_> {
 
 /// Frees every stray chunk and chunk tail of a node's targets (see [`Owners::stray`]) and
 /// makes that durable: `stria up` runs it when it starts after a crash, before anything can
-/// grow a file over them. Returns how many chunks it changed.
+/// grow a file over them, and so does its supervisor after a role process died. `live`: the
+/// sizes a client that outlived the crash knows (its files' unpublished writes are not
+/// strays). Returns how many chunks it changed.
 pub fn free_strays(
     meta: &Meta,
     volumes: &[stria_mgmt::VolumeRecord],
     targets: &[&stria_storage::Target],
+    live: &BTreeMap<Ino, u64>,
 ) -> Result<u64> {
     let mut problems = Vec::new();
     let seen = walk_namespace(meta, &mut problems)?;
@@ -224,7 +232,7 @@ pub fn free_strays(
     let volumes: BTreeMap<u64, stria_mgmt::VolumeRecord> =
         volumes.iter().map(|v| (v.object.0, v.clone())).collect();
     let orphans: BTreeSet<Ino> = meta.orphans().context("listing orphans")?.into_iter().collect();
-    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans };
+    let owners = Owners { seen: &seen, volumes: &volumes, orphans: &orphans, live };
     let mut freed = 0;
     for target in targets {
         for (chunk, len) in target.engine.all_chunks()? {

@@ -354,6 +354,7 @@ impl Roles {
     pub fn watch(
         &mut self,
         volumes: impl Fn() -> Vec<stria_mgmt::VolumeRecord>,
+        live_sizes: impl Fn() -> std::collections::BTreeMap<stria_proto::fs::Ino, u64>,
     ) -> Result<Option<Role>> {
         let mut died = None;
         for process in [self.storage.as_mut(), self.meta.as_mut()].into_iter().flatten() {
@@ -371,7 +372,8 @@ impl Roles {
         );
         tracing::error!(role = role.name(), %status, "role process died; recovering");
         self.stop()?;
-        self.recover(&volumes())?;
+        // Taken with both roles stopped: no write of the client can land after it.
+        self.recover(&volumes(), &live_sizes())?;
         self.spawn_both()?;
         self.restarts += 1;
         eprintln!("the server roles serve again");
@@ -380,15 +382,21 @@ impl Roles {
     }
 
     /// What a crash of either role can leave: chunk data no file or volume owns, or past its
-    /// file's end (see `fsck::free_strays`). If any is freed, the storage role comes back
-    /// under a new epoch: a client's unsynced data may have been among it.
-    fn recover(&self, volumes: &[stria_mgmt::VolumeRecord]) -> Result<()> {
+    /// file's end (see `fsck::free_strays`), not counting what the surviving client wrote up
+    /// to the sizes it has not published yet (`live_sizes`: its data, synced or not, whose
+    /// size a dead metadata role may have lost or never got). If any is freed, the storage
+    /// role comes back under a new epoch: a client's unsynced data may have been among it.
+    fn recover(
+        &self,
+        volumes: &[stria_mgmt::VolumeRecord],
+        live_sizes: &std::collections::BTreeMap<stria_proto::fs::Ino, u64>,
+    ) -> Result<()> {
         let node = NodeRecord::load(&self.data)?;
         let storage = open_storage(&self.data, &node)?;
         let pool: Vec<TargetId> = node.targets.iter().map(|t| TargetId(t.id)).collect();
         let meta = crate::node::open_meta(&self.data.join("meta/namespace.redb"), &pool)?;
         let targets: Vec<&stria_storage::Target> = storage.targets().map(|t| t.as_ref()).collect();
-        let freed = crate::fsck::free_strays(&meta, volumes, &targets)
+        let freed = crate::fsck::free_strays(&meta, volumes, &targets, live_sizes)
             .context("freeing the chunk data a crashed role left behind")?;
         drop(targets);
         meta.sync().context("syncing the namespace")?;

@@ -479,7 +479,8 @@ pub fn run(args: UpArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(100));
         if let Servers::Separate(roles) = &mut servers {
             let volumes = || mgmt.registry().volumes().unwrap_or_default();
-            if let Err(e) = roles.watch(volumes) {
+            let live = || client.open_file_sizes().into_iter().collect();
+            if let Err(e) = roles.watch(volumes, live) {
                 eprintln!("error: cannot restart the server roles: {e:#}");
                 tracing::error!(error = %format!("{e:#}"), "cannot restart the server roles");
                 interrupt::flag().store(true, std::sync::atomic::Ordering::SeqCst);
@@ -562,7 +563,7 @@ fn free_strays_after_a_crash(
 ) -> Result<()> {
     let volumes = registry.volumes().context("listing volumes")?;
     let targets: Vec<&stria_storage::Target> = storage.targets().map(|t| t.as_ref()).collect();
-    let freed = crate::fsck::free_strays(meta, &volumes, &targets)
+    let freed = crate::fsck::free_strays(meta, &volumes, &targets, &Default::default())
         .context("freeing the chunk data a crash left behind")?;
     if freed > 0 {
         tracing::info!(chunks = freed, "freed stray chunk data left by the last crash");
