@@ -78,7 +78,7 @@ fn main() {
         tokio::spawn(server.serve(router.clone()));
         let client = Client::connect(addr).await.expect("connect");
         let no_crc = Client::new(addr, ClientConfig { payload_crc: false, ..Default::default() });
-        // The same service taking this process's clients through memory.
+        // The same service, called directly by clients of this process.
         let config = ServerConfig { in_process: true, ..ServerConfig::default() };
         let local =
             Server::bind_with("127.0.0.1:0".parse().expect("addr"), config).await.expect("bind");
@@ -92,7 +92,10 @@ fn main() {
         run("1 MiB write (request data)", &client, 8, seconds, PUT, one_mib.clone(), MIB).await;
         run("1 MiB write, no payload crc", &no_crc, 8, seconds, PUT, one_mib.clone(), MIB).await;
         run("1 MiB read (reply data)", &client, 8, seconds, GET, Bytes::new(), MIB).await;
-        println!("the same through memory (ServerConfig::in_process), side by side");
+        println!(
+            "the same server with ServerConfig::in_process: called directly from this process \
+             (1 MiB rows hand over a shared buffer, no copy)"
+        );
         run("small call, in process", &in_memory, 1, seconds, SMALL, Bytes::new(), 0).await;
         run("small call, in process", &in_memory, 64, seconds, SMALL, Bytes::new(), 0).await;
         run("1 MiB write, in process", &in_memory, 8, seconds, PUT, one_mib.clone(), MIB).await;

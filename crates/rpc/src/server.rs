@@ -259,6 +259,12 @@ impl Server {
     /// Serves until [`ShutdownHandle::shutdown`], then waits for every connection to drain.
     pub async fn serve(self, service: Arc<dyn Service>) -> io::Result<()> {
         let Server { listener, local_addr, config, shutdown } = self;
+        if config.in_process {
+            direct_services()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(local_addr, (service.clone(), config.secret.clone()));
+        }
         let config = Arc::new(config);
         let slots = Arc::new(Semaphore::new(config.connections_max));
         let mut stop = shutdown.subscribe();
@@ -300,6 +306,9 @@ impl Server {
             }
         }
         drop(listener);
+        if config.in_process {
+            direct_services().lock().unwrap_or_else(|p| p.into_inner()).remove(&local_addr);
+        }
         debug!(%local_addr, "stopped accepting; draining connections");
         // Every connection task holds one slot until its writer is done.
         let _all = slots.acquire_many(config.connections_max as u32).await;
@@ -493,6 +502,46 @@ fn checked(response: Response, method: u16, peer: SocketAddr) -> Response {
             Response::error(status::INTERNAL, format!("response too large: {e}"))
         }
     }
+}
+
+/// A service of this process that its clients may call directly, and the secret its server
+/// requires (see [`direct_service`]).
+type Direct = (Arc<dyn Service>, Option<ClusterSecret>);
+
+fn direct_services() -> &'static std::sync::Mutex<std::collections::HashMap<SocketAddr, Direct>> {
+    static DIRECT: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<SocketAddr, Direct>>,
+    > = std::sync::OnceLock::new();
+    DIRECT.get_or_init(Default::default)
+}
+
+/// The service a server of this process with [`ServerConfig::in_process`] serves at `addr`,
+/// if a client holding `secret` may call it directly: no connection, no frames, the handler
+/// runs on the caller's task. The server must require no secret, or this one.
+pub(crate) fn direct_service(
+    addr: SocketAddr,
+    secret: Option<&ClusterSecret>,
+) -> Option<Arc<dyn Service>> {
+    let services = direct_services().lock().unwrap_or_else(|p| p.into_inner());
+    let (service, required) = services.get(&addr)?;
+    match (required, secret) {
+        (None, _) => Some(service.clone()),
+        (Some(required), Some(held)) if required.same_as(held) => Some(service.clone()),
+        _ => None,
+    }
+}
+
+/// Runs one request of a client of this process on the service directly, with the same panic
+/// and size checks as a request from a connection.
+pub(crate) async fn call_direct(service: &dyn Service, request: Request) -> Response {
+    let (method, peer) = (request.method, request.peer);
+    if Instant::now() >= request.deadline {
+        return Response::error(
+            status::DEADLINE_EXCEEDED,
+            "deadline passed before the request ran",
+        );
+    }
+    checked(run_service(service, request).await, method, peer)
 }
 
 /// Runs a handler, turning a panic into an [`status::INTERNAL`] response so one bad request

@@ -1,5 +1,7 @@
-//! A server with `in_process` takes clients of its own process through memory: same frames,
-//! same authentication, same answers; clients of other processes still use TCP. Once the
+//! A server with `in_process` takes clients of its own process through memory: a client that
+//! holds the server's secret calls the service directly (no connection, no frames), one that
+//! does not goes through an in-memory pipe and the usual handshake, which refuses it. Same
+//! answers, same panic and size checks; clients of other processes still use TCP. Once the
 //! server is gone, its address is no longer served in memory.
 
 #![allow(clippy::unwrap_used)]
@@ -44,12 +46,26 @@ async fn in_process_clients_are_served_through_memory_with_the_same_checks() {
         assert_eq!(reply.data, data);
     }
 
-    // A stranger is refused in memory as over TCP.
+    // A handler that panics answers INTERNAL; the caller lives on.
+    let reply = client.call(PANIC, Bytes::new(), Bytes::new(), T).await.unwrap();
+    assert_eq!(reply.status, stria_rpc::status::INTERNAL);
+
+    // A stranger is refused in memory as over TCP, whether it connects first or just calls.
     let stranger = ClientConfig { secret: Some(secret(2)), ..ClientConfig::default() };
-    match Client::connect_with(server.addr, stranger).await {
+    match Client::connect_with(server.addr, stranger.clone()).await {
         Err(RpcError::Unauthenticated { .. }) => {}
         other => panic!("a stranger was not refused: {other:?}"),
     }
+    let lazy = Client::new(server.addr, stranger);
+    match lazy.call(ECHO, Bytes::new(), Bytes::new(), T).await {
+        Err(RpcError::Unauthenticated { .. }) => {}
+        other => panic!("a stranger's call was served: {other:?}"),
+    }
+    let anonymous = Client::new(server.addr, ClientConfig::default());
+    assert!(
+        anonymous.call(ECHO, Bytes::new(), Bytes::new(), T).await.is_err(),
+        "a client without the secret was served"
+    );
 
     // Another process's view: plain TCP still works on the same address.
     let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
