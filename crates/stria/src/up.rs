@@ -474,6 +474,10 @@ pub fn run(args: UpArgs) -> Result<()> {
         ],
     };
     print_banner(&data, &target_lines, &run, &log_path, &rest_lines);
+    if let Some(warning) = sparse_drives_warning(&data, &node) {
+        eprintln!("warning: {warning}");
+        tracing::warn!("{warning}");
+    }
     let mut servers = servers;
     while !interrupt::requested() {
         std::thread::sleep(Duration::from_millis(100));
@@ -552,6 +556,46 @@ impl Servers {
             Servers::Separate(roles) => (roles.meta_addr(), roles.storage_addr()),
         }
     }
+}
+
+/// The drive files are sparse: they take host space as they fill. If they can grow by more
+/// than the host file system has free, filling the node would make the host run out, and
+/// drives that cannot write are failed (the target then refuses I/O). Says so, with the
+/// figures, when that is the case.
+fn sparse_drives_warning(data: &Path, node: &NodeRecord) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut growth = 0u64;
+    let mut on_host_fs = None;
+    for record in &node.targets {
+        for drive in record.drives.iter().chain(&record.spares) {
+            let path = if drive.is_absolute() { drive.clone() } else { data.join(drive) };
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            growth += meta.len().saturating_sub(meta.blocks() * 512);
+            on_host_fs.get_or_insert(path);
+        }
+    }
+    let path = on_host_fs?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a valid NUL-terminated path and a zeroed statvfs for the kernel to fill.
+    let free = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c_path.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        st.f_bavail as u64 * st.f_frsize as u64
+    };
+    (growth > free).then(|| {
+        format!(
+            "the drive files can still grow by {} but their file system has {} free: if it \
+             fills, drives that cannot write are failed; free space, or use smaller drives \
+             (--drive-size) on a new node",
+            format_bytes(growth),
+            format_bytes(free)
+        )
+    })
 }
 
 /// After a crash, chunk data that no file or volume owns, or that lies past its file's end,
@@ -864,5 +908,23 @@ mod tests {
             "drives":["drives/t1-d0.img","drives/t1-d1.img"]}]}"#;
         let node: NodeRecord = serde_json::from_str(text).expect("an old record loads");
         assert!(node.targets[0].spares.is_empty());
+    }
+
+    #[test]
+    fn sparse_drives_that_can_outgrow_the_host_file_system_are_reported() {
+        let dir = std::env::temp_dir().join(format!("stria-sparse-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch");
+        let small = std::fs::File::create(dir.join("small.img")).expect("small");
+        small.set_len(1 << 20).expect("1 MiB sparse");
+        let node = |drives: &[&str]| NodeRecord { format: 1, targets: vec![target(drives, &[])] };
+        assert_eq!(sparse_drives_warning(&dir, &node(&["small.img"])), None);
+        // Sparse far past any free space this machine has: no blocks, all growth.
+        let huge = std::fs::File::create(dir.join("huge.img")).expect("huge");
+        huge.set_len(1 << 43).expect("8 TiB sparse");
+        let warning =
+            sparse_drives_warning(&dir, &node(&["small.img", "huge.img"])).expect("a warning");
+        assert!(warning.contains("can still grow by") && warning.contains("free"), "{warning}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
