@@ -190,12 +190,13 @@ impl MetaConn {
     /// The reply and the epoch it was given under. Changes are noted in the durability
     /// watch, and a `Sync` settles the changes noted before it.
     pub async fn call_at(&self, request: MetaRequest) -> FsResult<(Epoch, MetaReply)> {
-        let mark = self.watch.mark();
+        // Only a sync settles earlier changes; other requests need no mark.
+        let mark = matches!(request, MetaRequest::Sync).then(|| self.watch.mark());
         let idempotent = request.is_idempotent();
         let (answer, _): ((Epoch, MetaReply), _) =
             self.conn.call_typed(meta_method::CALL, &request, Bytes::new(), idempotent).await?;
         let (epoch, reply) = answer;
-        if matches!(request, MetaRequest::Sync) {
+        if let Some(mark) = mark {
             self.watch.synced(Service::Meta, mark, epoch);
             return Ok((epoch, reply));
         }

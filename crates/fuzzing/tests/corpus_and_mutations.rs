@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use stria_engine::testing::Rng;
 use stria_fuzzing::{TARGETS, Target};
 
 #[global_allocator]
@@ -72,20 +73,10 @@ fn run_one(name: &str, target: Target, input: &[u8], what: &str) {
     }
 }
 
-/// xorshift64*: small, fast and reproducible from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// A value in `0..n` from the engine's test generator (xorshift64*), reproducible from the
+/// printed seed.
+fn below(rng: &mut Rng, n: usize) -> usize {
+    rng.below(n as u64) as usize
 }
 
 const INTERESTING: &[u64] = &[
@@ -109,53 +100,53 @@ const INTERESTING: &[u64] = &[
 
 fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
     let mut v = base.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        match rng.below(8) {
+    for _ in 0..1 + below(rng, 4) {
+        match below(rng, 8) {
             0 if !v.is_empty() => {
-                let at = rng.below(v.len());
-                v[at] ^= 1 << rng.below(8);
+                let at = below(rng, v.len());
+                v[at] ^= 1 << below(rng, 8);
             }
             1 if !v.is_empty() => {
-                let at = rng.below(v.len());
-                v[at] = [0u8, 0xff, 0x7f, 0x80, 1][rng.below(5)];
+                let at = below(rng, v.len());
+                v[at] = [0u8, 0xff, 0x7f, 0x80, 1][below(rng, 5)];
             }
             2 => {
-                let at = rng.below(v.len() + 1);
-                let n = 1 + rng.below(16);
+                let at = below(rng, v.len() + 1);
+                let n = 1 + below(rng, 16);
                 let fill: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
                 v.splice(at..at, fill);
             }
             3 if !v.is_empty() => {
-                let at = rng.below(v.len());
-                let n = (1 + rng.below(32)).min(v.len() - at);
+                let at = below(rng, v.len());
+                let n = (1 + below(rng, 32)).min(v.len() - at);
                 v.drain(at..at + n);
             }
             4 if v.len() >= 8 => {
                 // An interesting integer, 2, 4 or 8 bytes wide, either byte order.
-                let width = [2usize, 4, 8][rng.below(3)];
-                let at = rng.below(v.len() - width + 1);
-                let value = INTERESTING[rng.below(INTERESTING.len())];
+                let width = [2usize, 4, 8][below(rng, 3)];
+                let at = below(rng, v.len() - width + 1);
+                let value = INTERESTING[below(rng, INTERESTING.len())];
                 let bytes =
-                    if rng.below(2) == 0 { value.to_le_bytes() } else { value.to_be_bytes() };
-                let bytes = if rng.below(2) == 0 { &bytes[..width] } else { &bytes[8 - width..] };
+                    if below(rng, 2) == 0 { value.to_le_bytes() } else { value.to_be_bytes() };
+                let bytes = if below(rng, 2) == 0 { &bytes[..width] } else { &bytes[8 - width..] };
                 v[at..at + width].copy_from_slice(bytes);
             }
             5 if !other.is_empty() => {
                 // Splice: our head, the other input's tail.
-                let cut = rng.below(v.len() + 1);
-                let from = rng.below(other.len());
+                let cut = below(rng, v.len() + 1);
+                let from = below(rng, other.len());
                 v.truncate(cut);
                 v.extend_from_slice(&other[from..]);
             }
             6 if !v.is_empty() => {
                 // Repeat a slice (a pipelined request or frame, twice).
-                let at = rng.below(v.len());
-                let n = (1 + rng.below(256)).min(v.len() - at);
+                let at = below(rng, v.len());
+                let n = (1 + below(rng, 256)).min(v.len() - at);
                 let piece = v[at..at + n].to_vec();
-                let to = rng.below(v.len() + 1);
+                let to = below(rng, v.len() + 1);
                 v.splice(to..to, piece);
             }
-            7 => v.truncate(rng.below(v.len() + 1)),
+            7 => v.truncate(below(rng, v.len() + 1)),
             _ => {}
         }
     }
@@ -204,8 +195,8 @@ fn run_target(name: &str) {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     let mut rng = Rng(seed ^ name_hash | 1);
     for i in 0..iters {
-        let base = &corpus[rng.below(corpus.len())];
-        let other = &corpus[rng.below(corpus.len())];
+        let base = &corpus[below(&mut rng, corpus.len())];
+        let other = &corpus[below(&mut rng, corpus.len())];
         let input = mutate(&mut rng, base, other);
         run_one(name, target, &input, &format!("mutation {i} of seed {seed:#x}"));
     }

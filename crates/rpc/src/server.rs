@@ -175,8 +175,9 @@ pub struct ServerConfig {
     pub secret: Option<ClusterSecret>,
     /// A peer that has not finished the authentication handshake by then is disconnected.
     pub handshake_timeout: Duration,
-    /// Also serve clients of this process through memory instead of loopback TCP (see
-    /// [`crate::transport`]); for a node that runs roles and their clients together.
+    /// Let clients of this process that hold the server's secret call the service directly,
+    /// with no connection (see [`served_in_process`]); for a node that runs roles and their
+    /// clients together. Every other client connects as usual.
     pub in_process: bool,
 }
 
@@ -231,11 +232,7 @@ impl Server {
     }
 
     pub async fn bind_with(addr: SocketAddr, config: ServerConfig) -> io::Result<Server> {
-        let mut acceptor = TcpAcceptor::bind(addr).await?;
-        if config.in_process {
-            acceptor = acceptor.serve_in_process()?;
-        }
-        Server::with_listener(Box::new(acceptor), config)
+        Server::with_listener(Box::new(TcpAcceptor::bind(addr).await?), config)
     }
 
     /// A server on any transport.
@@ -513,6 +510,11 @@ fn direct_services() -> &'static std::sync::Mutex<std::collections::HashMap<Sock
         std::sync::Mutex<std::collections::HashMap<SocketAddr, Direct>>,
     > = std::sync::OnceLock::new();
     DIRECT.get_or_init(Default::default)
+}
+
+/// Whether a server of this process serves `addr` with [`ServerConfig::in_process`].
+pub fn served_in_process(addr: SocketAddr) -> bool {
+    direct_services().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&addr)
 }
 
 /// The service a server of this process with [`ServerConfig::in_process`] serves at `addr`,

@@ -58,8 +58,7 @@ pub fn bind_error(addr: SocketAddr, role: &str, flag: &str, e: std::io::Error) -
 }
 
 /// The configuration of every RPC server of a node: peers must prove they hold `secret`; the
-/// node's own clients (mount, NBD gateway, management) reach servers of their process through
-/// memory instead of loopback TCP.
+/// node's own clients (mount, NBD gateway, management) call servers of their process directly.
 pub fn server_config(secret: &ClusterSecret) -> ServerConfig {
     ServerConfig { secret: Some(secret.clone()), in_process: true, ..ServerConfig::default() }
 }

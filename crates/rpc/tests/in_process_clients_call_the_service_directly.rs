@@ -1,8 +1,7 @@
-//! A server with `in_process` takes clients of its own process through memory: a client that
-//! holds the server's secret calls the service directly (no connection, no frames), one that
-//! does not goes through an in-memory pipe and the usual handshake, which refuses it. Same
-//! answers, same panic and size checks; clients of other processes still use TCP. Once the
-//! server is gone, its address is no longer served in memory.
+//! A server with `in_process` lets clients of its own process that hold its secret call the
+//! service directly (no connection, no frames), with the same answers and the same panic and
+//! size checks; any other client connects over TCP and meets the handshake, which refuses a
+//! stranger. Once the server is gone, its address is no longer served in process.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use stria_rpc::transport::served_in_process;
+use stria_rpc::server::served_in_process;
 use stria_rpc::{Client, ClientConfig, ClusterSecret, RpcError, ServerConfig};
 use tokio::io::AsyncWriteExt;
 
@@ -23,10 +22,17 @@ fn secret(fill: u8) -> ClusterSecret {
 }
 
 #[tokio::test]
-async fn in_process_clients_are_served_through_memory_with_the_same_checks() {
+async fn in_process_clients_call_the_service_directly_with_the_same_checks() {
     let config =
         ServerConfig { secret: Some(secret(1)), in_process: true, ..ServerConfig::default() };
     let server = start_with(config).await;
+    // The service is registered once the server task starts serving.
+    for _ in 0..1000 {
+        if served_in_process(server.addr) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert!(served_in_process(server.addr));
 
     // A member: served, with bulk data both ways, many calls in flight.
