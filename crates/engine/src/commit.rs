@@ -31,6 +31,8 @@ struct Queue {
     committed: u64,
     leader: bool,
     failed: Option<String>,
+    /// `committed` as of the last durable commit.
+    durable_upto: u64,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +98,8 @@ impl Committer {
     ) -> Result<(), EngineError> {
         self.check()?;
         let _commit = lock(&self.commit_lock);
+        // No commit runs while the commit lock is held: this is what the durable commit covers.
+        let upto = lock(&self.queue).committed;
         let result = flush().and_then(|()| {
             let mut tx = db.begin_write()?;
             tx.set_durability(Durability::Immediate)?;
@@ -103,11 +107,21 @@ impl Committer {
             Ok(())
         });
         done(result.is_ok());
+        if result.is_ok() {
+            let mut q = lock(&self.queue);
+            q.durable_upto = q.durable_upto.max(upto);
+        }
         if let Err(e) = &result {
             tracing::error!("sync failed, target goes read-only: {e}");
             lock(&self.queue).failed.get_or_insert_with(|| format!("sync failed: {e}"));
         }
         result
+    }
+
+    /// Whether a change was queued since the last durable commit covered everything.
+    pub(crate) fn has_changes_to_sync(&self) -> bool {
+        let q = lock(&self.queue);
+        q.enqueued > q.durable_upto
     }
 
     /// Err once a commit or sync has failed.

@@ -314,7 +314,7 @@ impl Engine {
                 n += 1;
             }
             let buf = &mut out[i * BLOCK..(i + n) * BLOCK];
-            self.array.read(start.physical * BLOCK as u64, buf)?;
+            self.read_physical(start.physical, buf)?;
             for k in 0..n {
                 let logical = first + (i + k) as u32;
                 let Some(Some(b)) = rec.blocks.get(logical as usize).copied() else { continue };
@@ -331,6 +331,27 @@ impl Engine {
                 }
             }
             i += n;
+        }
+        Ok(())
+    }
+
+    /// Reads whole array blocks from `first` into `out`: blocks still held in the packer's
+    /// images come from memory, the rest from the array.
+    fn read_physical(&self, first: u64, out: &mut [u8]) -> Result<(), EngineError> {
+        let count = (out.len() / BLOCK) as u64;
+        let Some(packer) = &self.packer else {
+            return Ok(self.array.read(first * BLOCK as u64, out)?);
+        };
+        for part in packer.cached(first, count) {
+            let (at, len) = (part.at as usize * BLOCK, part.count as usize * BLOCK);
+            let dest = &mut out[at..at + len];
+            match part.image {
+                Some((image, from)) => {
+                    let from = from as usize * BLOCK;
+                    dest.copy_from_slice(&image[from..from + len]);
+                }
+                None => self.array.read((first + part.at) * BLOCK as u64, dest)?,
+            }
         }
         Ok(())
     }
@@ -607,7 +628,7 @@ impl Engine {
                 // The open stripe closes before the flush: its blocks are about to become
                 // durable and must never be written again.
                 if let Some(p) = &self.packer {
-                    p.close(&self.alloc);
+                    p.close(&self.array, &self.alloc)?;
                 }
                 // Taken under the commit lock: every pending run belongs to a commit that the
                 // durable commit below covers.
@@ -627,6 +648,23 @@ impl Engine {
                 }
             },
         )
+    }
+
+    /// Syncs when a change was made since the last sync; returns whether it synced. For a
+    /// periodic flusher: an idle target costs nothing.
+    pub fn sync_if_changed(&self) -> Result<bool, EngineError> {
+        if !self.committer.has_changes_to_sync() {
+            return Ok(false);
+        }
+        self.sync()?;
+        Ok(true)
+    }
+
+    /// Whether a write of `len` bytes at `offset` of a chunk is packed into the open stripe:
+    /// it then copies into memory and commits the chunk map, with no array I/O unless it
+    /// completes a stripe. The storage service runs such writes on its async worker.
+    pub fn write_is_buffered(&self, offset: u32, len: u32) -> bool {
+        self.packer.as_ref().is_some_and(|p| p.takes(offset as u64, len as u64))
     }
 
     /// Space in the data area and the number of chunks.

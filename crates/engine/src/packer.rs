@@ -1,4 +1,4 @@
-//! Small writes packed into one *open stripe* of the array.
+//! Small writes packed into one *open stripe* of the array, held in memory until it is full.
 //!
 //! A write smaller than a RAID 5/6 stripe, sent to the array on its own, is a partial-stripe
 //! update: the array reads the rows it needs, journals the new data and parity with FUA, then
@@ -6,24 +6,32 @@
 //! blocks can go anywhere, so small writes take consecutive blocks of a stripe the engine holds
 //! open, and the engine keeps the stripe's whole content in memory (its *image*).
 //!
-//! - The stripe is taken wholly free from the allocator. Its first write is a full-stripe write
-//!   of the image (the new blocks, zeros elsewhere); every later batch writes only its own blocks
-//!   and the parity of the rows they touch, computed from the image
-//!   ([`Array::write_in_open_stripe`]): no reads, no journal, no FUA.
-//! - Writers that arrive while a batch is being written queue their blocks; the next batch
-//!   carries all of them (group commit for data).
-//! - No block of an open stripe is durable yet, so a crash that tears its parity can only hurt
-//!   data that was never promised. [`Packer::close`] runs at the start of every sync, before the
-//!   array flush: it waits for the batch in flight and hands the unused tail back to the
-//!   allocator, and the packer never writes that stripe again.
+//! - The stripe is taken wholly free from the allocator. A small write only copies its blocks
+//!   into the image and returns: no array I/O, no wait (write-back, as a page cache).
+//! - The stripe is *retired* when it is full, or when a write does not fit in what is left:
+//!   the thread that retires it writes the whole image with one full-stripe write (zeros in an
+//!   unused tail, which then goes back to the allocator), so parity never needs a read or the
+//!   journal. A stripe that a sync closes while less than a quarter full is written as an
+//!   ordinary partial-stripe update instead, so a trickle of writes with periodic syncs does
+//!   not write a whole stripe per sync. Meanwhile a fresh stripe takes new writes; at most [`RETIRING_MAX`] stripes wait
+//!   for their write, so memory stays bounded.
+//! - Reads of blocks still in an image are served from it ([`Packer::cached`]); a stripe leaves
+//!   the packer only after its write completed, so a block is always either in an image or on
+//!   the array.
+//! - No block of an open stripe is durable yet, and no promise was made for it: the chunk map
+//!   naming it is not durable either. [`Packer::close`] runs at the start of every sync, before
+//!   the array flush: it waits for retiring stripes and writes the open one, so everything
+//!   written before the sync is on the array when it is flushed; the packer never writes that
+//!   stripe again.
 //!
 //! On levels without parity (0, 1, 10) there is no write hole to avoid, but batching still
-//! turns many small writes into one array request, and the stripe's first batch writes only
-//! its own blocks.
+//! turns many small writes into one array request; only the filled blocks are written.
 //!
-//! Blocks of a batch whose write failed stay reserved until the target is reopened.
+//! A failed stripe write is kept: every later packed write and the next sync fail with it (an
+//! array that refuses a full-stripe write has failed), and its blocks stay reserved until the
+//! target is reopened.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use stria_io::AlignedBuf;
 use stria_raid::Array;
@@ -36,6 +44,14 @@ use crate::error::EngineError;
 /// single array request.
 const IMAGE_BLOCKS_MAX: u64 = 1024;
 
+/// Full stripes that may wait for their write while a fresh one fills: bounds the memory to
+/// `RETIRING_MAX + 1` images per target.
+const RETIRING_MAX: usize = 2;
+
+/// On parity levels, a stripe filled below `1 / SPARSE_CLOSE_FRACTION` is written block by
+/// block (a partial-stripe update) rather than whole.
+const SPARSE_CLOSE_FRACTION: u64 = 4;
+
 #[derive(Debug)]
 pub(crate) struct Packer {
     state: Mutex<State>,
@@ -43,39 +59,40 @@ pub(crate) struct Packer {
     stripe_blocks: u64,
     /// Writes longer than this take the ordinary path.
     job_blocks_max: u64,
-    /// The array keeps parity: the stripe's first write must be a full-stripe write.
+    /// The array keeps parity: a stripe is written whole, so parity needs no reads.
     parity: bool,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    open: Option<OpenStripe>,
-    /// One thread is writing a batch of the open stripe (it holds the image meanwhile).
-    writing: bool,
+    /// The stripe taking new writes.
+    open: Option<Stripe>,
+    /// Stripes being written out by the thread that retired them.
+    retiring: Vec<Stripe>,
     /// A sync is closing the open stripe: new writes wait.
     closing: bool,
-    /// Sequence number of the next queued write; writes are written in this order.
-    next_seq: u64,
-    /// Every write numbered below this has been written (or has failed).
-    done_seq: u64,
-    /// Writes whose batch failed: `(first seq, end seq, message)`. Failures are rare and the
-    /// list is trimmed when it grows.
-    failed: Vec<(u64, u64, String)>,
+    /// Why a stripe write failed; sticky until the target is reopened.
+    failed: Option<String>,
 }
 
-#[derive(Debug)]
-struct OpenStripe {
+#[derive(Clone, Debug)]
+struct Stripe {
     /// Array block number of the stripe's first block.
     first_block: u64,
-    /// Blocks `[0, filled)` are taken; `[0, written)` are on the array.
+    /// Blocks `[0, filled)` hold data.
     filled: u64,
-    written: u64,
-    /// Queued blocks not yet written, in order: `(block in stripe, bytes)`.
-    queued: Vec<(u64, Vec<u8>)>,
-    /// The stripe's content; `None` while a writer holds it.
-    image: Option<AlignedBuf>,
-    /// A batch write failed: the stripe takes no more blocks.
-    broken: bool,
+    /// The stripe's content. Shared with readers and with the thread writing it out; a write
+    /// into the open stripe copies it only while somebody else holds it.
+    image: Arc<AlignedBuf>,
+}
+
+/// Part of a run of array blocks: `count` blocks from `at` (index into the run) are either in
+/// an image (from block `offset` of it) or must be read from the array.
+#[derive(Debug)]
+pub(crate) struct Cached {
+    pub(crate) at: u64,
+    pub(crate) count: u64,
+    pub(crate) image: Option<(Arc<AlignedBuf>, u64)>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -85,7 +102,7 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 impl Packer {
     /// A packer for `array`, or None when its stripe is too large to keep in memory. On levels
     /// without parity the stripe is only a batching window: small writes from many callers
-    /// still become one array request per batch.
+    /// still become one array request.
     pub(crate) fn for_array(array: &Array) -> Option<Packer> {
         let g = array.geometry();
         let stripe_blocks = g.stripe_data_bytes() / BLOCK as u64;
@@ -101,18 +118,24 @@ impl Packer {
         })
     }
 
-    /// Free blocks held in the open stripe's unused tail.
-    pub(crate) fn reserved_free_blocks(&self) -> u64 {
-        let st = lock(&self.state);
-        match &st.open {
-            Some(o) if !o.broken => self.stripe_blocks - o.filled,
-            _ => 0,
-        }
+    /// Whether a write of `bytes` at `offset` of a chunk would be packed: whole blocks, no
+    /// more than half a stripe. Such a write does no array I/O unless it retires a stripe.
+    pub(crate) fn takes(&self, offset: u64, bytes: u64) -> bool {
+        offset.is_multiple_of(BLOCK as u64)
+            && bytes.is_multiple_of(BLOCK as u64)
+            && (1..=self.job_blocks_max).contains(&(bytes / BLOCK as u64))
     }
 
-    /// Writes `data` (whole blocks) to consecutive blocks of the open stripe and returns them,
-    /// once they are on the array. `Ok(None)`: not a packable write, or no wholly free stripe
-    /// left; the caller allocates and writes it the ordinary way.
+    /// Free blocks held in the unused tails of the open and retiring stripes.
+    pub(crate) fn reserved_free_blocks(&self) -> u64 {
+        let st = lock(&self.state);
+        st.open.iter().chain(&st.retiring).map(|s| self.stripe_blocks - s.filled).sum()
+    }
+
+    /// Copies `data` (whole blocks) into consecutive blocks of the open stripe and returns
+    /// them. The bytes reach the array when the stripe is retired or closed. `Ok(None)`: not a
+    /// packable write, or no wholly free stripe left; the caller allocates and writes it the
+    /// ordinary way.
     pub(crate) fn write(
         &self,
         array: &Array,
@@ -123,124 +146,160 @@ impl Packer {
         if n == 0 || n > self.job_blocks_max {
             return Ok(None);
         }
+        let mut retired = None;
         let mut st = lock(&self.state);
         loop {
+            if let Some(reason) = &st.failed {
+                return Err(EngineError::PackedWrite(reason.clone()));
+            }
             if !st.closing
                 && let Some(o) = &st.open
-                && !o.broken
                 && o.filled + n <= self.stripe_blocks
             {
                 break;
             }
-            if st.writing || st.closing {
+            if st.closing || st.retiring.len() >= RETIRING_MAX {
                 st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            self.close_locked(&mut st, alloc);
-            let Some(first_block) =
-                alloc.lock().unwrap_or_else(|e| e.into_inner()).allocate_stripe()
-            else {
+            // The open stripe has no room for this write: retire it, open a fresh one.
+            if let Some(full) = st.open.take() {
+                st.retiring.push(full.clone());
+                retired = Some(full);
+            }
+            let fresh = alloc.lock().unwrap_or_else(|e| e.into_inner()).allocate_stripe();
+            let Some(first_block) = fresh else {
+                drop(st);
+                if let Some(full) = retired {
+                    self.write_out(array, alloc, full)?;
+                }
                 return Ok(None);
             };
-            st.open = Some(OpenStripe {
+            st.open = Some(Stripe {
                 first_block,
                 filled: 0,
-                written: 0,
-                queued: Vec::new(),
-                image: Some(AlignedBuf::zeroed((self.stripe_blocks as usize) * BLOCK)),
-                broken: false,
+                image: Arc::new(AlignedBuf::zeroed(self.stripe_blocks as usize * BLOCK)),
             });
         }
-        let seq = st.next_seq;
-        st.next_seq += 1;
         let o = st.open.as_mut().expect("checked above");
-        let at = o.filled;
+        let at = o.filled as usize * BLOCK;
+        Arc::make_mut(&mut o.image)[at..at + data.len()].copy_from_slice(data);
+        let runs = vec![(o.first_block + o.filled, n)];
         o.filled += n;
-        o.queued.push((at, data.to_vec()));
-        let runs = vec![(o.first_block + at, n)];
-        if st.writing {
-            while st.done_seq <= seq {
-                st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            return match st.failed.iter().find(|(a, b, _)| (*a..*b).contains(&seq)) {
-                Some((_, _, msg)) => Err(EngineError::PackedWrite(msg.clone())),
-                None => Ok(Some(runs)),
-            };
+        if o.filled == self.stripe_blocks {
+            let full = st.open.take().expect("open");
+            st.retiring.push(full.clone());
+            // At most one stripe is retired per write: a full one here means none was above.
+            debug_assert!(retired.is_none());
+            retired = Some(full);
         }
-        st.writing = true;
-        let mut own = Ok(());
-        while let Some(o) = st.open.as_mut().filter(|o| !o.queued.is_empty()) {
-            let queued = std::mem::take(&mut o.queued);
-            let mut image = o.image.take().expect("only the writer takes the image");
-            let (first_block, from, fresh) = (o.first_block, o.written, o.written == 0);
-            let (seq_from, seq_to) = (st.done_seq, st.next_seq);
-            drop(st);
-            let mut to = from;
-            for (at, bytes) in &queued {
-                let start = *at as usize * BLOCK;
-                image[start..start + bytes.len()].copy_from_slice(bytes);
-                to = at + (bytes.len() / BLOCK) as u64;
-            }
-            let stripe = first_block / self.stripe_blocks;
-            let result = if fresh && self.parity {
-                array.write(first_block * BLOCK as u64, &image)
-            } else {
-                array.write_in_open_stripe(stripe, &image, from, to)
-            };
-            st = lock(&self.state);
-            let o = st.open.as_mut().expect("a stripe is not closed while it is written");
-            o.image = Some(image);
-            match result {
-                Ok(()) => o.written = to,
-                Err(e) => {
-                    o.broken = true;
-                    if (seq_from..seq_to).contains(&seq) {
-                        own = Err(e.to_string());
-                    }
-                    if st.failed.len() >= 64 {
-                        st.failed.drain(..32);
-                    }
-                    st.failed.push((seq_from, seq_to, e.to_string()));
-                    // Writes queued behind the failed batch fail too: the stripe's image no
-                    // longer matches the drives.
-                    let later = std::mem::take(&mut st.open.as_mut().expect("open").queued);
-                    if !later.is_empty() {
-                        let end = st.next_seq;
-                        st.failed.push((seq_to, end, e.to_string()));
-                        st.done_seq = end;
-                    }
-                }
-            }
-            st.done_seq = st.done_seq.max(seq_to);
-            self.wake.notify_all();
-        }
-        st.writing = false;
-        self.wake.notify_all();
         drop(st);
-        own.map(|()| Some(runs)).map_err(EngineError::PackedWrite)
+        if let Some(full) = retired {
+            self.write_out(array, alloc, full)?;
+        }
+        Ok(Some(runs))
     }
 
-    /// Closes the open stripe: waits for the batch being written, then hands the unused tail
-    /// back to the allocator. After this no block written so far is written again.
-    pub(crate) fn close(&self, alloc: &Mutex<Allocator>) {
+    /// Writes a retiring stripe to the array, then drops it from the packer and hands its
+    /// unused tail back to the allocator.
+    fn write_out(
+        &self,
+        array: &Array,
+        alloc: &Mutex<Allocator>,
+        stripe: Stripe,
+    ) -> Result<(), EngineError> {
+        let start = stripe.first_block * BLOCK as u64;
+        // A stripe closed by a sync while nearly empty is written as an ordinary
+        // partial-stripe update (journaled by the array), not as a whole stripe of zeros: a
+        // trickle of small writes with periodic syncs would otherwise write a stripe per sync.
+        let whole = self.parity && stripe.filled * SPARSE_CLOSE_FRACTION >= self.stripe_blocks;
+        let result = if whole {
+            array.write(start, &stripe.image)
+        } else {
+            array.write(start, &stripe.image[..stripe.filled as usize * BLOCK])
+        };
         let mut st = lock(&self.state);
-        st.closing = true;
-        while st.writing {
+        st.retiring.retain(|s| s.first_block != stripe.first_block);
+        let result = match result {
+            Ok(()) => {
+                if stripe.filled < self.stripe_blocks {
+                    let tail =
+                        (stripe.first_block + stripe.filled, self.stripe_blocks - stripe.filled);
+                    alloc.lock().unwrap_or_else(|e| e.into_inner()).release(&[tail]);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    first_block = stripe.first_block,
+                    "packed stripe write failed: {e}"
+                );
+                let reason = st.failed.get_or_insert_with(|| e.to_string()).clone();
+                Err(EngineError::PackedWrite(reason))
+            }
+        };
+        self.wake.notify_all();
+        result
+    }
+
+    /// Closes the open stripe: waits for the retiring ones, then writes it out. After this,
+    /// every block packed so far is on the array and none is written again. Fails when any
+    /// stripe write failed since the target was opened.
+    pub(crate) fn close(&self, array: &Array, alloc: &Mutex<Allocator>) -> Result<(), EngineError> {
+        let mut st = lock(&self.state);
+        while st.closing {
             st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        self.close_locked(&mut st, alloc);
+        st.closing = true;
+        while !st.retiring.is_empty() {
+            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        let open = st.open.take();
+        if let Some(o) = &open {
+            st.retiring.push(o.clone());
+        }
+        drop(st);
+        let written = match open {
+            Some(o) => self.write_out(array, alloc, o),
+            None => Ok(()),
+        };
+        let mut st = lock(&self.state);
         st.closing = false;
         self.wake.notify_all();
+        match &st.failed {
+            Some(reason) => Err(EngineError::PackedWrite(reason.clone())),
+            None => written,
+        }
     }
 
-    fn close_locked(&self, st: &mut State, alloc: &Mutex<Allocator>) {
-        debug_assert!(!st.writing);
-        if let Some(o) = st.open.take()
-            && !o.broken
-            && o.filled < self.stripe_blocks
-        {
-            let tail = (o.first_block + o.filled, self.stripe_blocks - o.filled);
-            alloc.lock().unwrap_or_else(|e| e.into_inner()).release(&[tail]);
+    /// Splits the run of `count` array blocks from `first` into parts held in an image and
+    /// parts to read from the array.
+    pub(crate) fn cached(&self, first: u64, count: u64) -> Vec<Cached> {
+        let st = lock(&self.state);
+        let mut held: Vec<(u64, u64, &Stripe)> = st
+            .open
+            .iter()
+            .chain(&st.retiring)
+            .filter_map(|s| {
+                let lo = s.first_block.max(first);
+                let hi = (s.first_block + s.filled).min(first + count);
+                (lo < hi).then_some((lo, hi, s))
+            })
+            .collect();
+        held.sort_by_key(|&(lo, _, _)| lo);
+        let mut parts = Vec::with_capacity(2 * held.len() + 1);
+        let mut at = first;
+        for (lo, hi, s) in held {
+            if at < lo {
+                parts.push(Cached { at: at - first, count: lo - at, image: None });
+            }
+            let image = Some((s.image.clone(), lo - s.first_block));
+            parts.push(Cached { at: lo - first, count: hi - lo, image });
+            at = hi;
         }
+        if at < first + count {
+            parts.push(Cached { at: at - first, count: first + count - at, image: None });
+        }
+        parts
     }
 }

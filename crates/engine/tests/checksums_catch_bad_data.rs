@@ -34,6 +34,8 @@ fn a_block_changed_behind_the_engine_fails_its_read() {
     let c = chunk(5, 3);
     let data: Vec<u8> = (0..5 * 4096).map(|i| (i % 253) as u8).collect();
     engine.write(c, 0, &data, None).expect("write");
+    // Small writes wait in the open stripe's image until a sync writes them out.
+    engine.sync().expect("sync");
     // Rewrite block 2 of the chunk through the array: RAID's own checksums are updated, so
     // only the engine's CRC can notice.
     let at = engine.locate(c, 2 * 4096 + 17).expect("locate").expect("mapped");

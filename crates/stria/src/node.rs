@@ -69,17 +69,40 @@ pub struct Serving {
     pub addr: SocketAddr,
     handle: ShutdownHandle,
     task: tokio::task::JoinHandle<()>,
+    /// The periodic sync of the role's state; stopped with the server.
+    flusher: tokio::task::JoinHandle<()>,
 }
 
 impl Serving {
-    /// Stops accepting, lets requests in flight finish.
+    /// Stops accepting, lets requests in flight finish, stops the periodic sync.
     pub async fn shutdown(self) {
         self.handle.shutdown();
         let _ = self.task.await;
+        self.flusher.abort();
+        let _ = self.flusher.await;
     }
 }
 
-/// Serves the storage role on `listen` (current runtime).
+/// Runs `sync` on the blocking pool every `interval`, until aborted.
+fn spawn_flusher(
+    interval: std::time::Duration,
+    sync: impl Fn() + Clone + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            let _ = tokio::task::spawn_blocking(sync.clone()).await;
+        }
+    })
+}
+
+/// How often the storage role makes its targets' changes durable without being asked, as the
+/// metadata role does with its lazy commits: a crash loses at most about this much.
+const STORAGE_SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Serves the storage role on `listen` (current runtime), and syncs changed targets every
+/// [`STORAGE_SYNC_INTERVAL`].
 pub async fn serve_storage(
     listen: SocketAddr,
     storage: StorageService,
@@ -88,7 +111,10 @@ pub async fn serve_storage(
     let server = Server::bind_with(listen, server_config(secret))
         .await
         .map_err(|e| bind_error(listen, "storage", "--storage-listen", e))?;
+    let flushed = storage.clone();
+    let flusher = spawn_flusher(STORAGE_SYNC_INTERVAL, move || flushed.sync_changed());
     Ok(Serving {
+        flusher,
         addr: server.local_addr(),
         handle: server.shutdown_handle(),
         task: tokio::spawn(async move {
@@ -124,6 +150,12 @@ pub async fn serve_meta(
         .map_err(|e| bind_error(listen, "metadata", "--meta-listen", e))?;
     let service = Arc::new(MetaService::new(meta.clone(), capacity).with_epoch(epoch));
     let ops = service.op_counts();
+    // Lazy metadata commits reach the disk within a second even without fsync.
+    let flusher = spawn_flusher(std::time::Duration::from_secs(1), move || {
+        if let Err(e) = meta.sync() {
+            tracing::error!(%e, "periodic metadata sync failed");
+        }
+    });
     let serving = Serving {
         addr: server.local_addr(),
         handle: server.shutdown_handle(),
@@ -132,19 +164,8 @@ pub async fn serve_meta(
                 tracing::error!(%e, "metadata server stopped");
             }
         }),
+        flusher,
     };
-    // Lazy metadata commits reach the disk within a second even without fsync.
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            let meta = meta.clone();
-            let synced = tokio::task::spawn_blocking(move || meta.sync()).await;
-            if let Ok(Err(e)) = synced {
-                tracing::error!(%e, "periodic metadata sync failed");
-            }
-        }
-    });
     Ok((serving, ops))
 }
 
