@@ -13,6 +13,7 @@ use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, ObjectId, TargetId};
 use stria_raid::Array;
 
 use crate::alloc::{Allocator, Run};
+use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META, MapOp};
 use crate::packer::Packer;
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
@@ -67,6 +68,8 @@ pub struct Engine {
     alloc: Mutex<Allocator>,
     /// Small writes on parity arrays; None on other levels.
     packer: Option<Packer>,
+    /// Blocks of small reads and writes (see `cache`); off until sized.
+    cache: BlockCache,
     committer: Committer,
     chunks: AtomicU64,
 }
@@ -251,6 +254,7 @@ impl Engine {
             .map_err(EngineError::MapCorrupt)?;
         Ok(Engine {
             packer: Packer::for_array(&array),
+            cache: BlockCache::default(),
             array,
             db: ManuallyDrop::new(db),
             sb,
@@ -297,6 +301,19 @@ impl Engine {
         first: u32,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
+        self.read_blocks_from(chunk, rec, first, out, false).map(|_| ())
+    }
+
+    /// As `read_blocks`; with `memory_only`, returns Ok(false) instead of reading the array
+    /// when a block is neither in the read cache nor in a packer image.
+    fn read_blocks_from(
+        &self,
+        chunk: ChunkId,
+        rec: &ChunkRecord,
+        first: u32,
+        out: &mut [u8],
+        memory_only: bool,
+    ) -> Result<bool, EngineError> {
         let count = out.len() / BLOCK;
         let mut i = 0usize;
         while i < count {
@@ -314,13 +331,17 @@ impl Engine {
                 n += 1;
             }
             let buf = &mut out[i * BLOCK..(i + n) * BLOCK];
-            self.read_physical(start.physical, buf)?;
+            if !self.read_physical(start.physical, buf, memory_only)? {
+                return Ok(false);
+            }
             for k in 0..n {
                 let logical = first + (i + k) as u32;
                 let Some(Some(b)) = rec.blocks.get(logical as usize).copied() else { continue };
                 let actual = crc32c::crc32c(&buf[k * BLOCK..(k + 1) * BLOCK]);
                 if actual != b.crc {
                     tracing::error!(%chunk, block = logical, physical = b.physical, "checksum mismatch");
+                    // Whatever held the bad copy, the next read goes to the array.
+                    self.cache.invalidate(b.physical, 1);
                     return Err(EngineError::Corrupt {
                         chunk,
                         block: logical,
@@ -332,17 +353,43 @@ impl Engine {
             }
             i += n;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Reads whole array blocks from `first` into `out`: blocks still held in the packer's
     /// images come from memory, the rest from the array.
-    fn read_physical(&self, first: u64, out: &mut [u8]) -> Result<(), EngineError> {
+    /// With `memory_only`, returns Ok(false) rather than read the array.
+    fn read_physical(
+        &self,
+        first: u64,
+        out: &mut [u8],
+        memory_only: bool,
+    ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
-        let Some(packer) = &self.packer else {
-            return Ok(self.array.read(first * BLOCK as u64, out)?);
+        let small = count <= SMALL_IO_BLOCKS && self.cache.enabled();
+        if small
+            && out
+                .chunks_exact_mut(BLOCK)
+                .enumerate()
+                .all(|(k, b)| self.cache.get(first + k as u64, b))
+        {
+            return Ok(true);
+        }
+        let parts = match &self.packer {
+            Some(packer) => packer.cached(first, count),
+            None => Vec::new(),
         };
-        for part in packer.cached(first, count) {
+        if memory_only && !(parts.len() == 1 && parts[0].image.is_some()) {
+            return Ok(false);
+        }
+        let Some(_) = &self.packer else {
+            self.array.read(first * BLOCK as u64, out)?;
+            if small {
+                self.cache.put(first, out);
+            }
+            return Ok(true);
+        };
+        for part in parts {
             let (at, len) = (part.at as usize * BLOCK, part.count as usize * BLOCK);
             let dest = &mut out[at..at + len];
             match part.image {
@@ -350,29 +397,71 @@ impl Engine {
                     let from = from as usize * BLOCK;
                     dest.copy_from_slice(&image[from..from + len]);
                 }
-                None => self.array.read((first + part.at) * BLOCK as u64, dest)?,
+                None => {
+                    self.array.read((first + part.at) * BLOCK as u64, dest)?;
+                    if small {
+                        self.cache.put(first + part.at, dest);
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Sets the read cache of small-I/O blocks (`crates/engine/src/cache.rs`); 0 turns it off.
+    pub fn set_read_cache_bytes(&self, bytes: u64) {
+        self.cache.set_capacity_bytes(bytes);
+    }
+
+    /// Bytes the read cache holds now.
+    pub fn read_cache_held_bytes(&self) -> u64 {
+        self.cache.held_bytes()
     }
 
     /// Reads up to `len` bytes at `offset`. Returns fewer at the chunk end, none for a missing
     /// chunk; holes read as zeros. Every block is checked against its CRC32C first.
     pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, EngineError> {
+        Ok(self.read_with(chunk, offset, len, false)?.unwrap_or_default())
+    }
+
+    /// As [`Engine::read`], but only from memory (the read cache and the open stripes): None
+    /// when some block would have to come from the array. The storage service answers such
+    /// reads on its async worker.
+    pub fn read_if_in_memory(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
+        self.read_with(chunk, offset, len, true)
+    }
+
+    fn read_with(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        len: u32,
+        memory_only: bool,
+    ) -> Result<Option<Vec<u8>>, EngineError> {
         let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
-        let Some(rec) = self.load_record(chunk)? else { return Ok(Vec::new()) };
+        let Some(rec) = self.load_record(chunk)? else { return Ok(Some(Vec::new())) };
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
         if offset as u64 >= end {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
+        if memory_only && (last - first + 1) as u64 > SMALL_IO_BLOCKS {
+            return Ok(None);
+        }
         let mut buf = vec![0u8; (last - first + 1) as usize * BLOCK];
-        self.read_blocks(chunk, &rec, first, &mut buf)?;
+        if !self.read_blocks_from(chunk, &rec, first, &mut buf, memory_only)? {
+            return Ok(None);
+        }
         let skip = (offset % BLOCK as u32) as usize;
         buf.drain(..skip);
         buf.truncate((end - offset as u64) as usize);
-        Ok(buf)
+        Ok(Some(buf))
     }
 
     /// The chunk's length in bytes, None when it does not exist.
@@ -628,7 +717,7 @@ impl Engine {
                 // The open stripe closes before the flush: its blocks are about to become
                 // durable and must never be written again.
                 if let Some(p) = &self.packer {
-                    p.close(&self.array, &self.alloc)?;
+                    p.close(&self.array, &self.alloc, &self.cache)?;
                 }
                 // Taken under the commit lock: every pending run belongs to a commit that the
                 // durable commit below covers.
@@ -723,7 +812,7 @@ impl Engine {
         // The checksums are of exactly the bytes handed to the array.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
         let packed = match &self.packer {
-            Some(p) => p.write(&self.array, &self.alloc, &data)?,
+            Some(p) => p.write(&self.array, &self.alloc, &self.cache, &data)?,
             None => None,
         };
         let runs = match packed {
@@ -780,8 +869,16 @@ impl Engine {
     }
 
     fn write_runs(&self, runs: &[Run], data: &[u8]) -> Result<(), EngineError> {
+        let small = (data.len() / BLOCK) as u64 <= SMALL_IO_BLOCKS;
         let mut at = 0usize;
         for &(start, n) in runs {
+            // The cache follows every write: small ones are kept, large ones only drop what
+            // they overwrite (freed blocks may still have entries).
+            if small {
+                self.cache.put(start, &data[at..at + n as usize * BLOCK]);
+            } else {
+                self.cache.invalidate(start, n);
+            }
             let len = n as usize * BLOCK;
             let mut done = 0usize;
             while done < len {

@@ -21,6 +21,7 @@
 //!   open, which is the whole of crash recovery.
 
 mod alloc;
+mod cache;
 mod commit;
 mod engine;
 mod error;

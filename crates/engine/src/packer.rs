@@ -38,6 +38,7 @@ use stria_raid::Array;
 
 use crate::BLOCK;
 use crate::alloc::{Allocator, Run};
+use crate::cache::BlockCache;
 use crate::error::EngineError;
 
 /// Largest stripe (data blocks) the packer keeps an image of: 4 MiB, the engine's largest
@@ -140,6 +141,7 @@ impl Packer {
         &self,
         array: &Array,
         alloc: &Mutex<Allocator>,
+        cache: &BlockCache,
         data: &[u8],
     ) -> Result<Option<Vec<Run>>, EngineError> {
         let n = (data.len() / BLOCK) as u64;
@@ -171,10 +173,13 @@ impl Packer {
             let Some(first_block) = fresh else {
                 drop(st);
                 if let Some(full) = retired {
-                    self.write_out(array, alloc, full)?;
+                    self.write_out(array, alloc, cache, full)?;
                 }
                 return Ok(None);
             };
+            // Reads try the cache before the images: entries left from the blocks' last use
+            // must go before any of them is handed out.
+            cache.invalidate(first_block, self.stripe_blocks);
             st.open = Some(Stripe {
                 first_block,
                 filled: 0,
@@ -195,7 +200,7 @@ impl Packer {
         }
         drop(st);
         if let Some(full) = retired {
-            self.write_out(array, alloc, full)?;
+            self.write_out(array, alloc, cache, full)?;
         }
         Ok(Some(runs))
     }
@@ -206,6 +211,7 @@ impl Packer {
         &self,
         array: &Array,
         alloc: &Mutex<Allocator>,
+        cache: &BlockCache,
         stripe: Stripe,
     ) -> Result<(), EngineError> {
         let start = stripe.first_block * BLOCK as u64;
@@ -218,6 +224,10 @@ impl Packer {
         } else {
             array.write(start, &stripe.image[..stripe.filled as usize * BLOCK])
         };
+        if result.is_ok() {
+            // Small writes' blocks stay readable from memory once they leave the image.
+            cache.put(stripe.first_block, &stripe.image[..stripe.filled as usize * BLOCK]);
+        }
         let mut st = lock(&self.state);
         st.retiring.retain(|s| s.first_block != stripe.first_block);
         let result = match result {
@@ -245,7 +255,12 @@ impl Packer {
     /// Closes the open stripe: waits for the retiring ones, then writes it out. After this,
     /// every block packed so far is on the array and none is written again. Fails when any
     /// stripe write failed since the target was opened.
-    pub(crate) fn close(&self, array: &Array, alloc: &Mutex<Allocator>) -> Result<(), EngineError> {
+    pub(crate) fn close(
+        &self,
+        array: &Array,
+        alloc: &Mutex<Allocator>,
+        cache: &BlockCache,
+    ) -> Result<(), EngineError> {
         let mut st = lock(&self.state);
         while st.closing {
             st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -260,7 +275,7 @@ impl Packer {
         }
         drop(st);
         let written = match open {
-            Some(o) => self.write_out(array, alloc, o),
+            Some(o) => self.write_out(array, alloc, cache, o),
             None => Ok(()),
         };
         let mut st = lock(&self.state);

@@ -1,6 +1,7 @@
 //! Many threads at once: each writes and reads back its own chunks, several share one chunk
 //! (disjoint unaligned ranges, so edge blocks are read-modify-written concurrently), and one
-//! thread syncs now and then. Every read must match what its thread wrote.
+//! thread syncs now and then. Every read must match what its thread wrote. The read cache is
+//! on and small, so cached blocks are evicted, freed and reused under the readers.
 
 mod common;
 
@@ -19,6 +20,7 @@ fn threads_writing_their_own_chunks_read_back_their_data() {
     let (_drives, array) = raid5(16);
     let dir = temp_dir("concurrency");
     let engine = Arc::new(Engine::create(array.clone(), &dir, TargetId(1)).expect("create"));
+    engine.set_read_cache_bytes(512 * 1024);
     let shared = chunk(100, 0);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {

@@ -62,6 +62,9 @@ struct StorageRoleArgs {
     /// Address of the storage service (port 0 picks a free port).
     #[arg(long)]
     listen: SocketAddr,
+    /// Memory for the read cache of small-I/O blocks, shared by the targets (0 = none).
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "1G")]
+    read_cache: u64,
 }
 
 #[derive(Args, Debug)]
@@ -162,6 +165,7 @@ fn run_storage(args: StorageRoleArgs) -> Result<()> {
     let storage = open_storage(&data, &node)?;
     let epoch = epochs::take(&data, Role::Storage)?;
     let storage = storage.with_epoch(epoch);
+    storage.set_read_cache_bytes(args.read_cache);
     let runtime = role_runtime()?;
     let serving =
         runtime.block_on(crate::node::serve_storage(args.listen, storage.clone(), &secret))?;
@@ -252,6 +256,7 @@ struct RoleProcess {
 #[derive(Debug)]
 pub struct Roles {
     data: PathBuf,
+    read_cache: u64,
     storage_listen: SocketAddr,
     meta_listen: SocketAddr,
     storage: Option<RoleProcess>,
@@ -265,11 +270,13 @@ impl Roles {
     /// role picked, so a restart serves on the same address.
     pub fn start(
         data: &Path,
+        read_cache: u64,
         storage_listen: SocketAddr,
         meta_listen: SocketAddr,
     ) -> Result<Roles> {
         let mut roles = Roles {
             data: data.to_path_buf(),
+            read_cache,
             storage_listen,
             meta_listen,
             storage: None,
@@ -289,7 +296,8 @@ impl Roles {
     }
 
     fn spawn_both(&mut self) -> Result<()> {
-        let storage = self.spawn(Role::Storage, self.storage_listen, &[])?;
+        let cache = self.read_cache.to_string();
+        let storage = self.spawn(Role::Storage, self.storage_listen, &["--read-cache", &cache])?;
         self.storage_listen = storage.addr;
         let storage_addr = storage.addr.to_string();
         self.storage = Some(storage);

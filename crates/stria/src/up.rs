@@ -65,6 +65,10 @@ pub struct UpArgs {
     /// wear and remaining life the API and dashboard show [first run; default 0: not rated].
     #[arg(long, value_name = "TB")]
     pub rated_tbw: Option<u64>,
+    /// Memory for the storage role's read cache of small-I/O blocks (small files, random
+    /// 4 KiB reads), shared by the targets; e.g. 256M, 0 for none.
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    pub read_cache: u64,
     /// Where to mount the file system [default: DATA/mnt].
     #[arg(long)]
     pub mount: Option<PathBuf>,
@@ -349,11 +353,17 @@ pub fn run(args: UpArgs) -> Result<()> {
         storage.sync_all().context("syncing the targets")?;
         drop(meta);
         drop(storage);
-        Servers::Separate(crate::roles::Roles::start(&data, args.storage_listen, args.meta_listen)?)
+        Servers::Separate(crate::roles::Roles::start(
+            &data,
+            args.read_cache,
+            args.storage_listen,
+            args.meta_listen,
+        )?)
     } else {
         let meta_epoch = crate::epochs::take(&data, crate::epochs::Role::Meta)?;
         let storage_epoch = crate::epochs::take(&data, crate::epochs::Role::Storage)?;
         let storage = storage.with_epoch(storage_epoch);
+        storage.set_read_cache_bytes(args.read_cache);
         let services = runtime.block_on(crate::node::serve(
             args.meta_listen,
             args.storage_listen,

@@ -1,0 +1,213 @@
+//! A read cache of small-I/O blocks, keyed by array block number.
+//!
+//! The target's page cache for small files and random 4 KiB I/O: blocks read by requests of
+//! at most [`SMALL_IO_BLOCKS`] blocks, and blocks written the same way (packed stripes as they
+//! reach the array, small ordinary writes), are kept so the next read of them costs no array
+//! I/O. Large sequential I/O bypasses it and only invalidates what it overwrites, so streaming
+//! a big file does not flush the small-file working set.
+//!
+//! Correctness rests on one rule: every array write of a data block goes through the engine,
+//! which updates or drops the block's entry right after the write (`Engine::write_runs`, the
+//! packer's stripe write). Blocks are copy-on-write, so a block named by a chunk record does
+//! not change while a reader holds that chunk's lock; a reader that inserts what it read
+//! therefore never inserts stale bytes. Hits are still checked against the chunk map's CRC32C
+//! like array reads.
+//!
+//! Eviction is CLOCK (second chance) per shard; the capacity is set at run time
+//! (`Engine::set_read_cache_bytes`, 0 = off, the default).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::BLOCK;
+
+/// Requests of at most this many blocks (64 KiB) fill the cache.
+pub(crate) const SMALL_IO_BLOCKS: u64 = 16;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
+pub(crate) struct BlockCache {
+    shards: Vec<Mutex<Shard>>,
+    /// Blocks each shard may hold.
+    per_shard: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<u64, Slot>,
+    /// Keys in CLOCK order; may hold keys no longer in `map` (reused first).
+    ring: Vec<u64>,
+    hand: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    data: Box<[u8]>,
+    referenced: bool,
+}
+
+impl Default for BlockCache {
+    fn default() -> BlockCache {
+        BlockCache {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            per_shard: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl BlockCache {
+    /// Sets the capacity; shrinking drops everything (rare: an operator's change).
+    pub(crate) fn set_capacity_bytes(&self, bytes: u64) {
+        let per_shard = (bytes / BLOCK as u64 / SHARDS as u64) as usize;
+        let old = self.per_shard.swap(per_shard, Ordering::Relaxed);
+        if per_shard < old {
+            for shard in &self.shards {
+                *lock(shard) = Shard::default();
+            }
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.per_shard.load(Ordering::Relaxed) > 0
+    }
+
+    /// Bytes held now.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).map.len() as u64 * BLOCK as u64).sum()
+    }
+
+    fn shard(&self, block: u64) -> &Mutex<Shard> {
+        // Consecutive blocks land in different shards.
+        let h = block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        &self.shards[h as usize % SHARDS]
+    }
+
+    /// Copies block `block` into `out` (one block) if cached.
+    pub(crate) fn get(&self, block: u64, out: &mut [u8]) -> bool {
+        let mut shard = lock(self.shard(block));
+        match shard.map.get_mut(&block) {
+            Some(slot) => {
+                slot.referenced = true;
+                out.copy_from_slice(&slot.data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Caches the blocks of `data` (whole blocks) from array block `first` on.
+    pub(crate) fn put(&self, first: u64, data: &[u8]) {
+        let capacity = self.per_shard.load(Ordering::Relaxed);
+        if capacity == 0 {
+            return;
+        }
+        for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
+            let block = first + i as u64;
+            let mut shard = lock(self.shard(block));
+            if let Some(slot) = shard.map.get_mut(&block) {
+                slot.data.copy_from_slice(bytes);
+                continue;
+            }
+            shard.insert(block, bytes, capacity);
+        }
+    }
+
+    /// Drops `count` blocks from `first` on.
+    pub(crate) fn invalidate(&self, first: u64, count: u64) {
+        if !self.enabled() {
+            return;
+        }
+        for block in first..first + count {
+            lock(self.shard(block)).map.remove(&block);
+        }
+    }
+}
+
+impl Shard {
+    fn insert(&mut self, block: u64, bytes: &[u8], capacity: usize) {
+        let slot = Slot { data: bytes.into(), referenced: false };
+        if self.ring.len() < capacity {
+            self.ring.push(block);
+            self.map.insert(block, slot);
+            return;
+        }
+        // CLOCK: skip (and clear) referenced entries; take the first unreferenced or stale one.
+        loop {
+            self.hand %= self.ring.len();
+            let key = self.ring[self.hand];
+            match self.map.get_mut(&key) {
+                Some(s) if s.referenced => {
+                    s.referenced = false;
+                    self.hand += 1;
+                }
+                _ => {
+                    self.map.remove(&key);
+                    self.ring[self.hand] = block;
+                    self.hand += 1;
+                    self.map.insert(block, slot);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(byte: u8) -> Vec<u8> {
+        vec![byte; BLOCK]
+    }
+
+    #[test]
+    fn a_disabled_cache_holds_nothing() {
+        let cache = BlockCache::default();
+        cache.put(7, &block(1));
+        let mut out = block(0);
+        assert!(!cache.get(7, &mut out));
+        assert_eq!(cache.held_bytes(), 0);
+    }
+
+    #[test]
+    fn puts_replace_and_invalidate_drops() {
+        let cache = BlockCache::default();
+        cache.set_capacity_bytes(1 << 20);
+        let mut two = block(1);
+        two.extend(block(2));
+        cache.put(10, &two);
+        let mut out = block(0);
+        assert!(cache.get(11, &mut out));
+        assert_eq!(out, block(2));
+        cache.put(11, &block(3));
+        assert!(cache.get(11, &mut out));
+        assert_eq!(out, block(3), "a rewritten block is replaced");
+        cache.invalidate(10, 2);
+        assert!(!cache.get(10, &mut out) && !cache.get(11, &mut out));
+    }
+
+    #[test]
+    fn capacity_is_kept_and_referenced_blocks_get_a_second_chance() {
+        let cache = BlockCache::default();
+        let capacity_blocks = 64 * SHARDS as u64;
+        cache.set_capacity_bytes(capacity_blocks * BLOCK as u64);
+        for b in 0..capacity_blocks * 4 {
+            cache.put(b, &block(b as u8));
+            // Block 0 is read after every insert: it stays.
+            let mut out = block(0);
+            if b > 0 {
+                assert!(cache.get(0, &mut out), "hot block evicted after {b} inserts");
+            }
+        }
+        assert!(cache.held_bytes() <= capacity_blocks * BLOCK as u64);
+        let mut out = block(0);
+        let kept = (0..capacity_blocks * 4).filter(|&b| cache.get(b, &mut out)).count() as u64;
+        assert!(kept <= capacity_blocks && kept > capacity_blocks / 2, "kept {kept}");
+    }
+}
