@@ -149,6 +149,8 @@ impl Meta {
         let txn = self.db.begin_write()?;
         {
             let mut tx = Tx::open(&txn)?;
+            // Opening a table in a write transaction creates it; readers expect all of them.
+            tx.create_tables()?;
             let format = tx.system(store::KEY_FORMAT)?;
             if format == 0 {
                 let now = self.now();
@@ -173,9 +175,9 @@ impl Meta {
                     }),
                 };
                 tx.put_inode(ROOT_INO, &root)?;
-                tx.system.insert(store::KEY_FORMAT, store::STORE_FORMAT)?;
-                tx.system.insert(store::KEY_NEXT_INO, ROOT_INO + 1)?;
-                tx.system.insert(store::KEY_INODES_USED, 1)?;
+                tx.system.table_mut()?.insert(store::KEY_FORMAT, store::STORE_FORMAT)?;
+                tx.system.table_mut()?.insert(store::KEY_NEXT_INO, ROOT_INO + 1)?;
+                tx.system.table_mut()?.insert(store::KEY_INODES_USED, 1)?;
             } else if format != store::STORE_FORMAT {
                 return Err(MetaError::Corrupt(format!("unknown store format {format}")));
             }
@@ -183,7 +185,7 @@ impl Meta {
             // written chunks under them): new files start past it.
             let reserved = tx.system(store::KEY_INO_RESERVED)?;
             if tx.system(store::KEY_NEXT_INO)? < reserved {
-                tx.system.insert(store::KEY_NEXT_INO, reserved)?;
+                tx.system.table_mut()?.insert(store::KEY_NEXT_INO, reserved)?;
             }
         }
         txn.commit()?;
@@ -235,8 +237,7 @@ impl Meta {
     }
 
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Rx) -> Result<T>) -> Result<T> {
-        let txn = self.db.begin_read()?;
-        let rx = Rx::open(&txn)?;
+        let rx = Rx::open(self.db.begin_read()?);
         f(&rx)
     }
 

@@ -300,7 +300,7 @@ impl Meta {
             perm::check(&rec, caller, R_OK)?;
             let start = cookie.max(FIRST_SEQ);
             let mut out = Vec::with_capacity(limit.min(256));
-            for item in rx.dir_seq.range((dir, start)..=(dir, u64::MAX))?.take(limit) {
+            for item in rx.dir_seq()?.range((dir, start)..=(dir, u64::MAX))?.take(limit) {
                 let (key, value) = item?;
                 let (_, seq) = key.value();
                 let (ino, code, name) = value.value();
@@ -339,7 +339,7 @@ impl Meta {
         if self.read(|rx| Ok(rx.inode(ino).map(|rec| rec.nlink > 0).unwrap_or(true)))? {
             return Ok(None);
         }
-        self.write(|tx| match crate::store::load_inode(&tx.inodes, ino)? {
+        self.write(|tx| match crate::store::load_inode(tx.inodes.table()?, ino)? {
             Some(rec) if rec.nlink == 0 => Ok(Some(purge_inode(tx, ino, &rec)?)),
             _ => {
                 tx.unchanged = true;
@@ -358,7 +358,7 @@ impl Meta {
     pub fn orphans(&self) -> Result<Vec<Ino>> {
         self.read(|rx| {
             let mut out = Vec::new();
-            for item in rx.orphans.range::<u64>(..)? {
+            for item in rx.orphans()?.range::<u64>(..)? {
                 out.push(item?.0.value());
             }
             Ok(out)
@@ -405,7 +405,7 @@ pub(crate) fn drop_link(
     }
     if opens.get(&ino).copied().unwrap_or(0) > 0 {
         tx.put_inode(ino, &rec)?;
-        tx.orphans.insert(ino, now.secs)?;
+        tx.orphans.table_mut()?.insert(ino, now.secs)?;
         return Ok(Unlinked { ino, nlink: 0, purge: None });
     }
     let purge = purge_inode(tx, ino, &rec)?;

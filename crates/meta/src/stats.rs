@@ -12,22 +12,22 @@ use crate::types::*;
 impl Meta {
     /// Regular files and their bytes owned by `uid`.
     pub fn usage_by_uid(&self, uid: u32) -> Result<Usage> {
-        self.read(|rx| load_usage(&rx.usage, store::CLASS_UID, uid as u64))
+        self.read(|rx| load_usage(rx.usage()?, store::CLASS_UID, uid as u64))
     }
 
     pub fn usage_by_gid(&self, gid: u32) -> Result<Usage> {
-        self.read(|rx| load_usage(&rx.usage, store::CLASS_GID, gid as u64))
+        self.read(|rx| load_usage(rx.usage()?, store::CLASS_GID, gid as u64))
     }
 
     /// Usage of the fileset rooted at the top-level directory `fileset` (a child of root);
     /// `ROOT_INO` gives the files directly in the root.
     pub fn usage_by_fileset(&self, fileset: Ino) -> Result<Usage> {
-        self.read(|rx| load_usage(&rx.usage, store::CLASS_FILESET, fileset))
+        self.read(|rx| load_usage(rx.usage()?, store::CLASS_FILESET, fileset))
     }
 
     /// All regular files.
     pub fn usage_total(&self) -> Result<Usage> {
-        self.read(|rx| load_usage(&rx.usage, store::CLASS_TOTAL, 0))
+        self.read(|rx| load_usage(rx.usage()?, store::CLASS_TOTAL, 0))
     }
 
     /// Files per size class: < 4 KiB, < 64 KiB, < 1 MiB, < 64 MiB, >= 64 MiB.
@@ -35,7 +35,7 @@ impl Meta {
         self.read(|rx| {
             let mut out = [Usage::default(); SIZE_CLASSES];
             for (class, slot) in out.iter_mut().enumerate() {
-                *slot = load_usage(&rx.usage, store::CLASS_SIZE, class as u64)?;
+                *slot = load_usage(rx.usage()?, store::CLASS_SIZE, class as u64)?;
             }
             Ok(out)
         })
@@ -45,7 +45,7 @@ impl Meta {
     pub fn top_extensions(&self, n: usize) -> Result<Vec<(String, Usage)>> {
         self.read(|rx| {
             let mut all = Vec::new();
-            for item in rx.usage_ext.range::<&str>(..)? {
+            for item in rx.usage_ext()?.range::<&str>(..)? {
                 let (key, value) = item?;
                 let (files, bytes) = value.value();
                 all.push((key.value().to_string(), Usage { files, bytes }));
@@ -73,7 +73,7 @@ impl Meta {
             }
             let mut unnamed = names.len() - usize::from(names.contains_key(&ROOT_INO));
             if unnamed > 0 {
-                for item in rx.dir_seq.range((ROOT_INO, 0)..=(ROOT_INO, u64::MAX))? {
+                for item in rx.dir_seq()?.range((ROOT_INO, 0)..=(ROOT_INO, u64::MAX))? {
                     let (_, value) = item?;
                     let (ino, _, name) = value.value();
                     if let Some(slot) = names.get_mut(&ino)
@@ -97,7 +97,7 @@ impl Meta {
                 })
                 .collect();
             let mut extensions = Vec::new();
-            for item in rx.usage_ext.range::<&str>(..)? {
+            for item in rx.usage_ext()?.range::<&str>(..)? {
                 let (key, value) = item?;
                 let (files, bytes) = value.value();
                 push_bounded(
@@ -109,10 +109,10 @@ impl Meta {
             finish_ranking(&mut extensions, top);
             let mut size_histogram = [Usage::default(); SIZE_CLASSES];
             for (class, slot) in size_histogram.iter_mut().enumerate() {
-                *slot = load_usage(&rx.usage, store::CLASS_SIZE, class as u64)?;
+                *slot = load_usage(rx.usage()?, store::CLASS_SIZE, class as u64)?;
             }
             Ok(Analytics {
-                total: load_usage(&rx.usage, store::CLASS_TOTAL, 0)?,
+                total: load_usage(rx.usage()?, store::CLASS_TOTAL, 0)?,
                 users: users.into_iter().map(|(id, u)| (id as u32, u)).collect(),
                 groups: groups.into_iter().map(|(id, u)| (id as u32, u)).collect(),
                 filesets,
@@ -126,7 +126,7 @@ impl Meta {
     pub fn statfs(&self, bytes_total: u64, bytes_free: u64) -> Result<StatFs> {
         self.read(|rx| {
             let used = rx.system(store::KEY_INODES_USED)?;
-            let total = load_usage(&rx.usage, store::CLASS_TOTAL, 0)?;
+            let total = load_usage(rx.usage()?, store::CLASS_TOTAL, 0)?;
             Ok(StatFs {
                 bytes_total,
                 bytes_free,
@@ -144,7 +144,7 @@ impl Meta {
 /// The `top` ids of one counter class with the most bytes.
 fn top_ids(rx: &Rx, class: u8, top: usize) -> Result<Vec<(u64, Usage)>> {
     let mut out = Vec::new();
-    for item in rx.usage.range((class, 0)..=(class, u64::MAX))? {
+    for item in rx.usage()?.range((class, 0)..=(class, u64::MAX))? {
         let (key, value) = item?;
         let (files, bytes) = value.value();
         push_bounded(&mut out, (key.value().1, Usage { files, bytes }), top);

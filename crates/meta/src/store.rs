@@ -3,6 +3,7 @@
 //! A mutation runs inside [`Tx`]: it opens every table once, collects counter changes in
 //! memory (so that an inode touched twice is counted once) and writes them just before commit.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use redb::{ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction};
@@ -101,42 +102,87 @@ pub(crate) fn load_usage<T: ReadableTable<(u8, u64), (u64, u64)>>(
         .unwrap_or_default())
 }
 
-/// Read-only view of one snapshot.
+/// Read-only view of one snapshot. Tables open on first use: a lookup touches two of the
+/// eight, and opening a table costs about as much as reading a record from it.
 pub(crate) struct Rx {
-    pub inodes: redb::ReadOnlyTable<u64, &'static [u8]>,
-    pub dentries: redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>,
-    pub dir_seq: redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>,
-    pub xattrs: redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>,
-    pub usage: redb::ReadOnlyTable<(u8, u64), (u64, u64)>,
-    pub usage_ext: redb::ReadOnlyTable<&'static str, (u64, u64)>,
-    pub orphans: redb::ReadOnlyTable<u64, i64>,
-    pub system: redb::ReadOnlyTable<&'static str, u64>,
+    txn: ReadTransaction,
+    inodes: OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    dentries: OnceCell<redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>>,
+    dir_seq: OnceCell<redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>>,
+    xattrs: OnceCell<redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>>,
+    usage: OnceCell<redb::ReadOnlyTable<(u8, u64), (u64, u64)>>,
+    usage_ext: OnceCell<redb::ReadOnlyTable<&'static str, (u64, u64)>>,
+    orphans: OnceCell<redb::ReadOnlyTable<u64, i64>>,
+    system: OnceCell<redb::ReadOnlyTable<&'static str, u64>>,
+}
+
+/// The table in `cell`, opened from `txn` on first use.
+fn opened<'c, K: redb::Key + 'static, V: redb::Value + 'static>(
+    cell: &'c OnceCell<redb::ReadOnlyTable<K, V>>,
+    txn: &ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<&'c redb::ReadOnlyTable<K, V>> {
+    if let Some(table) = cell.get() {
+        return Ok(table);
+    }
+    let table = txn.open_table(def)?;
+    Ok(cell.get_or_init(|| table))
 }
 
 impl Rx {
-    pub fn open(txn: &ReadTransaction) -> Result<Rx> {
-        Ok(Rx {
-            inodes: txn.open_table(INODES)?,
-            dentries: txn.open_table(DENTRIES)?,
-            dir_seq: txn.open_table(DIR_SEQ)?,
-            xattrs: txn.open_table(XATTRS)?,
-            usage: txn.open_table(USAGE)?,
-            usage_ext: txn.open_table(USAGE_EXT)?,
-            orphans: txn.open_table(ORPHANS)?,
-            system: txn.open_table(SYSTEM)?,
-        })
+    pub fn open(txn: ReadTransaction) -> Rx {
+        Rx {
+            txn,
+            inodes: OnceCell::new(),
+            dentries: OnceCell::new(),
+            dir_seq: OnceCell::new(),
+            xattrs: OnceCell::new(),
+            usage: OnceCell::new(),
+            usage_ext: OnceCell::new(),
+            orphans: OnceCell::new(),
+            system: OnceCell::new(),
+        }
+    }
+
+    pub fn inodes(&self) -> Result<&redb::ReadOnlyTable<u64, &'static [u8]>> {
+        opened(&self.inodes, &self.txn, INODES)
+    }
+
+    pub fn dentries(&self) -> Result<&redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>> {
+        opened(&self.dentries, &self.txn, DENTRIES)
+    }
+
+    pub fn dir_seq(&self) -> Result<&redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>> {
+        opened(&self.dir_seq, &self.txn, DIR_SEQ)
+    }
+
+    pub fn xattrs(&self) -> Result<&redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>> {
+        opened(&self.xattrs, &self.txn, XATTRS)
+    }
+
+    pub fn usage(&self) -> Result<&redb::ReadOnlyTable<(u8, u64), (u64, u64)>> {
+        opened(&self.usage, &self.txn, USAGE)
+    }
+
+    pub fn usage_ext(&self) -> Result<&redb::ReadOnlyTable<&'static str, (u64, u64)>> {
+        opened(&self.usage_ext, &self.txn, USAGE_EXT)
+    }
+
+    pub fn orphans(&self) -> Result<&redb::ReadOnlyTable<u64, i64>> {
+        opened(&self.orphans, &self.txn, ORPHANS)
     }
 
     pub fn inode(&self, ino: Ino) -> Result<Inode> {
-        load_inode(&self.inodes, ino)?.ok_or_else(|| not_found("no such inode"))
+        load_inode(self.inodes()?, ino)?.ok_or_else(|| not_found("no such inode"))
     }
 
     pub fn dentry(&self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
-        load_dentry(&self.dentries, dir, name)
+        load_dentry(self.dentries()?, dir, name)
     }
 
     pub fn system(&self, key: &str) -> Result<u64> {
-        Ok(self.system.get(key)?.map(|g| g.value()).unwrap_or(0))
+        let system = opened(&self.system, &self.txn, SYSTEM)?;
+        Ok(system.get(key)?.map(|g| g.value()).unwrap_or(0))
     }
 }
 
@@ -171,16 +217,43 @@ fn apply(current: (u64, u64), delta: (i64, i64)) -> (u64, u64) {
     (current.0.saturating_add_signed(delta.0), current.1.saturating_add_signed(delta.1))
 }
 
-/// One write transaction with every table open.
+/// A table of a write transaction, opened on first use: an operation opens only the tables
+/// it touches, and redb's commit has only those to flush.
+pub(crate) struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    txn: &'t WriteTransaction,
+    def: TableDefinition<'static, K, V>,
+    table: OnceCell<Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(txn: &'t WriteTransaction, def: TableDefinition<'static, K, V>) -> Self {
+        Lazy { txn, def, table: OnceCell::new() }
+    }
+
+    pub fn table(&self) -> Result<&Table<'t, K, V>> {
+        if let Some(table) = self.table.get() {
+            return Ok(table);
+        }
+        let table = self.txn.open_table(self.def)?;
+        Ok(self.table.get_or_init(|| table))
+    }
+
+    pub fn table_mut(&mut self) -> Result<&mut Table<'t, K, V>> {
+        self.table()?;
+        Ok(self.table.get_mut().expect("opened above"))
+    }
+}
+
+/// One write transaction; its tables open as they are used.
 pub(crate) struct Tx<'t> {
-    pub inodes: Table<'t, u64, &'static [u8]>,
-    pub dentries: Table<'t, (u64, &'static [u8]), (u64, u64, u8)>,
-    pub dir_seq: Table<'t, (u64, u64), (u64, u8, &'static [u8])>,
-    pub xattrs: Table<'t, (u64, &'static [u8]), &'static [u8]>,
-    pub usage: Table<'t, (u8, u64), (u64, u64)>,
-    pub usage_ext: Table<'t, &'static str, (u64, u64)>,
-    pub orphans: Table<'t, u64, i64>,
-    pub system: Table<'t, &'static str, u64>,
+    pub inodes: Lazy<'t, u64, &'static [u8]>,
+    pub dentries: Lazy<'t, (u64, &'static [u8]), (u64, u64, u8)>,
+    pub dir_seq: Lazy<'t, (u64, u64), (u64, u8, &'static [u8])>,
+    pub xattrs: Lazy<'t, (u64, &'static [u8]), &'static [u8]>,
+    pub usage: Lazy<'t, (u8, u64), (u64, u64)>,
+    pub usage_ext: Lazy<'t, &'static str, (u64, u64)>,
+    pub orphans: Lazy<'t, u64, i64>,
+    pub system: Lazy<'t, &'static str, u64>,
     deltas: Deltas,
     /// Set by an operation that changed nothing: the transaction is aborted instead of
     /// committed, which saves the commit (and its fsync).
@@ -193,22 +266,35 @@ pub(crate) struct Tx<'t> {
 impl<'t> Tx<'t> {
     pub fn open(txn: &'t WriteTransaction) -> Result<Tx<'t>> {
         Ok(Tx {
-            inodes: txn.open_table(INODES)?,
-            dentries: txn.open_table(DENTRIES)?,
-            dir_seq: txn.open_table(DIR_SEQ)?,
-            xattrs: txn.open_table(XATTRS)?,
-            usage: txn.open_table(USAGE)?,
-            usage_ext: txn.open_table(USAGE_EXT)?,
-            orphans: txn.open_table(ORPHANS)?,
-            system: txn.open_table(SYSTEM)?,
+            inodes: Lazy::new(txn, INODES),
+            dentries: Lazy::new(txn, DENTRIES),
+            dir_seq: Lazy::new(txn, DIR_SEQ),
+            xattrs: Lazy::new(txn, XATTRS),
+            usage: Lazy::new(txn, USAGE),
+            usage_ext: Lazy::new(txn, USAGE_EXT),
+            orphans: Lazy::new(txn, ORPHANS),
+            system: Lazy::new(txn, SYSTEM),
             deltas: Deltas::default(),
             unchanged: false,
             durable: false,
         })
     }
 
+    /// Opens every table, which creates those that do not exist yet.
+    pub fn create_tables(&self) -> Result<()> {
+        self.inodes.table()?;
+        self.dentries.table()?;
+        self.dir_seq.table()?;
+        self.xattrs.table()?;
+        self.usage.table()?;
+        self.usage_ext.table()?;
+        self.orphans.table()?;
+        self.system.table()?;
+        Ok(())
+    }
+
     pub fn inode(&self, ino: Ino) -> Result<Inode> {
-        load_inode(&self.inodes, ino)?.ok_or_else(|| not_found("no such inode"))
+        load_inode(self.inodes.table()?, ino)?.ok_or_else(|| not_found("no such inode"))
     }
 
     /// The inode `ino`, which must be a directory.
@@ -221,12 +307,12 @@ impl<'t> Tx<'t> {
     }
 
     pub fn put_inode(&mut self, ino: Ino, rec: &Inode) -> Result<()> {
-        self.inodes.insert(ino, rec.encode()?.as_slice())?;
+        self.inodes.table_mut()?.insert(ino, rec.encode()?.as_slice())?;
         Ok(())
     }
 
     pub fn dentry(&self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
-        load_dentry(&self.dentries, dir, name)
+        load_dentry(self.dentries.table()?, dir, name)
     }
 
     /// Adds `name → ino` to directory `dir` (whose record the caller writes back).
@@ -242,8 +328,8 @@ impl<'t> Tx<'t> {
             dir_rec.dir_body().ok_or_else(|| fs(FsStatus::NotDir, "parent is not a directory"))?;
         let seq = body.next_seq;
         body.next_seq += 1;
-        self.dentries.insert((dir, name), (ino, seq, kind.code()))?;
-        self.dir_seq.insert((dir, seq), (ino, kind.code(), name))?;
+        self.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
+        self.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
         Ok(())
     }
 
@@ -251,19 +337,19 @@ impl<'t> Tx<'t> {
         let Some(dentry) = self.dentry(dir, name)? else {
             return Ok(None);
         };
-        self.dentries.remove((dir, name))?;
-        self.dir_seq.remove((dir, dentry.seq))?;
+        self.dentries.table_mut()?.remove((dir, name))?;
+        self.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
         Ok(Some(dentry))
     }
 
     pub fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
-        Ok(self.dir_seq.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
+        Ok(self.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
     }
 
     /// The entries of `dir` (ino, kind), all of them.
     pub fn children(&self, dir: Ino) -> Result<Vec<(Ino, FileKind)>> {
         let mut out = Vec::new();
-        for item in self.dir_seq.range((dir, 0)..=(dir, u64::MAX))? {
+        for item in self.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))? {
             let (_, value) = item?;
             let (ino, code, _) = value.value();
             let kind = FileKind::from_code(code)
@@ -274,7 +360,7 @@ impl<'t> Tx<'t> {
     }
 
     pub fn system(&self, key: &str) -> Result<u64> {
-        Ok(self.system.get(key)?.map(|g| g.value()).unwrap_or(0))
+        Ok(self.system.table()?.get(key)?.map(|g| g.value()).unwrap_or(0))
     }
 
     /// A fresh inode number, counted as used.
@@ -287,28 +373,29 @@ impl<'t> Tx<'t> {
         if ino >= self.system(KEY_INO_RESERVED)? {
             // A crash may undo this create but not the chunks written under its number, so
             // a number is never handed out twice: reserve a batch, durably.
-            self.system.insert(KEY_INO_RESERVED, ino + INO_RESERVE_BATCH)?;
+            self.system.table_mut()?.insert(KEY_INO_RESERVED, ino + INO_RESERVE_BATCH)?;
             self.durable = true;
         }
-        self.system.insert(KEY_NEXT_INO, ino + 1)?;
-        self.system.insert(KEY_INODES_USED, used + 1)?;
+        self.system.table_mut()?.insert(KEY_NEXT_INO, ino + 1)?;
+        self.system.table_mut()?.insert(KEY_INODES_USED, used + 1)?;
         Ok(ino)
     }
 
     /// Deletes an inode record, its xattrs and its orphan mark.
     pub fn free_inode(&mut self, ino: Ino) -> Result<()> {
-        self.inodes.remove(ino)?;
-        self.orphans.remove(ino)?;
+        self.inodes.table_mut()?.remove(ino)?;
+        self.orphans.table_mut()?.remove(ino)?;
         let names: Vec<Vec<u8>> = self
             .xattrs
+            .table()?
             .range((ino, &[][..])..(ino + 1, &[][..]))?
             .map(|item| item.map(|(k, _)| k.value().1.to_vec()))
             .collect::<Result<_, _>>()?;
         for name in names {
-            self.xattrs.remove((ino, name.as_slice()))?;
+            self.xattrs.table_mut()?.remove((ino, name.as_slice()))?;
         }
         let used = self.system(KEY_INODES_USED)?;
-        self.system.insert(KEY_INODES_USED, used.saturating_sub(1))?;
+        self.system.table_mut()?.insert(KEY_INODES_USED, used.saturating_sub(1))?;
         Ok(())
     }
 
@@ -329,24 +416,25 @@ impl<'t> Tx<'t> {
             if delta == (0, 0) {
                 continue;
             }
-            let current = load_usage(&self.usage, key.0, key.1)?;
+            let current = load_usage(self.usage.table()?, key.0, key.1)?;
             let next = apply((current.files, current.bytes), delta);
             if next == (0, 0) {
-                self.usage.remove(key)?;
+                self.usage.table_mut()?.remove(key)?;
             } else {
-                self.usage.insert(key, next)?;
+                self.usage.table_mut()?.insert(key, next)?;
             }
         }
         for (ext, delta) in deltas.ext {
             if delta == (0, 0) {
                 continue;
             }
-            let current = self.usage_ext.get(ext.as_str())?.map(|g| g.value()).unwrap_or((0, 0));
+            let current =
+                self.usage_ext.table()?.get(ext.as_str())?.map(|g| g.value()).unwrap_or((0, 0));
             let next = apply(current, delta);
             if next == (0, 0) {
-                self.usage_ext.remove(ext.as_str())?;
+                self.usage_ext.table_mut()?.remove(ext.as_str())?;
             } else {
-                self.usage_ext.insert(ext.as_str(), next)?;
+                self.usage_ext.table_mut()?.insert(ext.as_str(), next)?;
             }
         }
         Ok(())

@@ -34,7 +34,7 @@ impl Meta {
         self.read(|rx| {
             let rec = rx.inode(ino)?;
             check_access(&rec, name, caller, R_OK)?;
-            match rx.xattrs.get((ino, name))? {
+            match rx.xattrs()?.get((ino, name))? {
                 Some(value) => Ok(value.value().to_vec()),
                 None => Err(fs(FsStatus::NoData, "no such xattr")),
             }
@@ -58,7 +58,7 @@ impl Meta {
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             check_access(&rec, name, caller, W_OK)?;
-            let exists = tx.xattrs.get((ino, name))?.is_some();
+            let exists = tx.xattrs.table()?.get((ino, name))?.is_some();
             match flags {
                 XattrFlags::Create if exists => {
                     return Err(fs(FsStatus::Exists, "xattr exists"));
@@ -68,7 +68,7 @@ impl Meta {
                 }
                 _ => {}
             }
-            tx.xattrs.insert((ino, name), value)?;
+            tx.xattrs.table_mut()?.insert((ino, name), value)?;
             rec.ctime = self.now();
             tx.put_inode(ino, &rec)
         })
@@ -79,7 +79,7 @@ impl Meta {
         self.read(|rx| {
             rx.inode(ino)?;
             let mut out = Vec::new();
-            for item in rx.xattrs.range((ino, &[][..])..(ino + 1, &[][..]))? {
+            for item in rx.xattrs()?.range((ino, &[][..])..(ino + 1, &[][..]))? {
                 let (key, _) = item?;
                 let name = key.value().1;
                 if caller.is_root() || !is_trusted(name) {
@@ -95,7 +95,7 @@ impl Meta {
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             check_access(&rec, name, caller, W_OK)?;
-            if tx.xattrs.remove((ino, name))?.is_none() {
+            if tx.xattrs.table_mut()?.remove((ino, name))?.is_none() {
                 return Err(fs(FsStatus::NoData, "no such xattr"));
             }
             rec.ctime = self.now();
