@@ -268,42 +268,72 @@ pub(crate) async fn read(
     };
     let prefetched = plan_prefetch(inner, inode, &layout, offset, len, size);
     let mut out = vec![0u8; len as usize];
-    let mut reads = JoinSet::new();
-    for piece in pieces(layout.chunk_bytes, offset, len) {
-        let storage = inner.storage.clone();
+    let piece_read = |piece: Piece| {
         let cached =
             prefetched.iter().find(|(index, _)| *index == piece.index).map(|p| p.1.clone());
         let target = layout.target_of(piece.index);
-        let chunk = chunk_id(file.ino, piece.index);
-        let chunk_bytes = layout.chunk_bytes;
-        reads.spawn(async move {
-            let data = match cached {
-                Some(cell) => {
-                    let whole = cell
-                        .get_or_init(|| fetch_chunk(storage, target, chunk, chunk_bytes))
-                        .await
-                        .clone()?;
-                    let start = (piece.offset_in_chunk as usize).min(whole.len());
-                    let end = (start + piece.len as usize).min(whole.len());
-                    whole.slice(start..end)
-                }
-                None => {
-                    let request =
-                        ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
-                    storage.chunk_read(request).await?
-                }
-            };
-            Ok::<_, FsStatus>((piece, data))
-        });
+        read_piece(
+            inner.storage.clone(),
+            cached,
+            target,
+            chunk_id(file.ino, piece.index),
+            layout.chunk_bytes,
+            piece,
+        )
+    };
+    let mut pieces = pieces(layout.chunk_bytes, offset, len).peekable();
+    let first = pieces.next().expect("len > 0 gives a piece");
+    if pieces.peek().is_none() {
+        // One piece (small reads, most reads of small files): no task to spawn and wake.
+        let (piece, data) = piece_read(first).await?;
+        copy_piece(&mut out, &piece, &data);
+        return Ok(out);
+    }
+    let mut reads = JoinSet::new();
+    for piece in std::iter::once(first).chain(pieces) {
+        reads.spawn(piece_read(piece));
     }
     while let Some(joined) = reads.join_next().await {
         let (piece, data) = joined.map_err(|_| FsStatus::Io)??;
-        // A chunk shorter than the piece is a hole at its end: those bytes stay zero.
-        let start = piece.offset_in_range;
-        let take = data.len().min(piece.len as usize);
-        out[start..start + take].copy_from_slice(&data[..take]);
+        copy_piece(&mut out, &piece, &data);
     }
     Ok(out)
+}
+
+/// Places a piece's bytes in the read's buffer. A chunk shorter than the piece is a hole at
+/// its end: those bytes stay zero.
+fn copy_piece(out: &mut [u8], piece: &Piece, data: &[u8]) {
+    let start = piece.offset_in_range;
+    let take = data.len().min(piece.len as usize);
+    out[start..start + take].copy_from_slice(&data[..take]);
+}
+
+/// Reads one piece: from the prefetch window when it holds the chunk, else from its target.
+async fn read_piece(
+    storage: StorageConns,
+    cached: Option<Arc<tokio::sync::OnceCell<FsResult<Bytes>>>>,
+    target: TargetId,
+    chunk: ChunkId,
+    chunk_bytes: u32,
+    piece: Piece,
+) -> FsResult<(Piece, Bytes)> {
+    let data = match cached {
+        Some(cell) => {
+            let whole = cell
+                .get_or_init(|| fetch_chunk(storage, target, chunk, chunk_bytes))
+                .await
+                .clone()?;
+            let start = (piece.offset_in_chunk as usize).min(whole.len());
+            let end = (start + piece.len as usize).min(whole.len());
+            whole.slice(start..end)
+        }
+        None => {
+            let request =
+                ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
+            storage.chunk_read(request).await?
+        }
+    };
+    Ok((piece, data))
 }
 
 async fn fetch_chunk(
