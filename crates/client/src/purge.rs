@@ -20,12 +20,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stria_proto::fs::{FileLayout, Ino, ObjectId};
-use stria_proto::wire::{Epoch, MetaRequest};
+use std::collections::{BTreeMap, BTreeSet};
+
+use stria_proto::fs::{FileLayout, FsStatus, Ino, ObjectId, TargetId};
+use stria_proto::wire::{Epoch, MetaRequest, OBJECTS_REMOVE_MAX, ObjectsRemove};
 use tokio::sync::Notify;
 
 use crate::FsResult;
-use crate::data::remove_chunks;
+use crate::data::distinct_targets;
 use crate::transport::{MetaConn, StorageConns};
 
 /// Most released inodes waiting before a drain starts by itself.
@@ -102,24 +104,58 @@ impl Purger {
                 return Err(error);
             }
         };
-        let mut result = Ok(());
-        let mut failed = Vec::new();
-        for (ino, layout, released_under) in batch {
-            if released_under != synced_under {
-                tracing::warn!(
-                    ino,
-                    "the metadata service restarted before this release was durable: keeping \
-                     the file's chunks"
-                );
-                continue;
+        let batch: Vec<Queued> = batch
+            .into_iter()
+            .filter(|(ino, _, released_under)| {
+                let kept = *released_under != synced_under;
+                if kept {
+                    tracing::warn!(
+                        ino,
+                        "the metadata service restarted before this release was durable: \
+                         keeping the file's chunks"
+                    );
+                }
+                !kept
+            })
+            .collect();
+        // One request per target for the whole batch: the target removes every object's
+        // chunks with one chunk-map commit.
+        let mut by_target: BTreeMap<TargetId, Vec<ObjectId>> = BTreeMap::new();
+        for (ino, layout, _) in &batch {
+            for target in distinct_targets(layout) {
+                by_target.entry(target).or_default().push(ObjectId(*ino));
             }
-            if let Err(error) = remove_chunks(&self.storage, ObjectId(ino), &layout, 0).await {
-                tracing::warn!(ino, %error, "removing a released file's chunks failed; retrying later");
-                failed.push((ino, layout, released_under));
+        }
+        let mut removals = tokio::task::JoinSet::new();
+        for (target, objects) in by_target {
+            for objects in objects.chunks(OBJECTS_REMOVE_MAX) {
+                let storage = self.storage.clone();
+                let request = ObjectsRemove { target, objects: objects.to_vec() };
+                removals.spawn(async move { (target, storage.objects_remove(request).await) });
+            }
+        }
+        let mut result = Ok(());
+        let mut failed_targets = BTreeSet::new();
+        let mut lost_track = false;
+        while let Some(joined) = removals.join_next().await {
+            let Ok((target, removed)) = joined else {
+                lost_track = true;
+                result = Err(FsStatus::Io);
+                continue;
+            };
+            if let Err(error) = removed {
+                tracing::warn!(%target, %error, "removing released files' chunks failed; retrying later");
+                failed_targets.insert(target);
                 result = Err(error);
             }
         }
-        self.queue().extend(failed);
+        if lost_track || !failed_targets.is_empty() {
+            // Removal is idempotent: the inodes with a chunk on a failed target go back whole.
+            let again = batch.into_iter().filter(|(_, layout, _)| {
+                lost_track || distinct_targets(layout).iter().any(|t| failed_targets.contains(t))
+            });
+            self.queue().extend(again);
+        }
         result
     }
 

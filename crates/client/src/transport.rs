@@ -12,8 +12,8 @@ use stria_proto::fs::ObjectId;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
     ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
-    Epoch, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetFailDrive,
-    TargetInfo, TargetSync, meta_method, storage_method,
+    Epoch, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove,
+    TargetFailDrive, TargetInfo, TargetSync, meta_method, storage_method,
 };
 use stria_rpc::ClusterSecret;
 use tokio::sync::OnceCell;
@@ -287,6 +287,15 @@ impl StorageConns {
         let (epoch, _) =
             conn.call_typed(storage_method::OBJECT_REMOVE, &request, Bytes::new(), true).await?;
         self.changed(request.target, request.object, epoch);
+        Ok(())
+    }
+
+    pub async fn objects_remove(&self, request: ObjectsRemove) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        let (epoch, _) =
+            conn.call_typed(storage_method::OBJECTS_REMOVE, &request, Bytes::new(), true).await?;
+        let inos: Vec<u64> = request.objects.iter().map(|o| o.0).collect();
+        self.watch.changed(Service::Target(request.target), epoch, &inos);
         Ok(())
     }
 

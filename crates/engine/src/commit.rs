@@ -51,8 +51,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Committer {
     /// Applies `op` and returns once it is committed (visible to readers), not yet durable.
     pub(crate) fn commit(&self, db: &Database, op: MapOp) -> Result<(), EngineError> {
+        self.commit_all(db, vec![op])
+    }
+
+    /// Applies `ops` (in one transaction) and returns once they are committed.
+    pub(crate) fn commit_all(&self, db: &Database, ops: Vec<MapOp>) -> Result<(), EngineError> {
         let mut q = lock(&self.queue);
-        q.ops.push(op);
+        q.ops.extend(ops);
         q.enqueued += 1;
         let ticket = q.enqueued;
         loop {

@@ -271,9 +271,13 @@ impl Engine {
     }
 
     pub(crate) fn lock_of(&self, chunk: ChunkId) -> &RwLock<()> {
+        &self.locks[Self::lock_index(chunk)]
+    }
+
+    fn lock_index(chunk: ChunkId) -> usize {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         chunk.hash(&mut h);
-        &self.locks[(h.finish() % CHUNK_LOCK_STRIPES as u64) as usize]
+        (h.finish() % CHUNK_LOCK_STRIPES as u64) as usize
     }
 
     pub(crate) fn load_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
@@ -664,6 +668,42 @@ impl Engine {
                 removed += 1;
             }
         }
+        Ok(removed)
+    }
+
+    /// Removes every chunk of each of `objects` with one chunk-map commit; returns how many
+    /// chunks there were. Many small files' chunks go for the price of one commit.
+    pub fn remove_objects(&self, objects: &[ObjectId]) -> Result<u64, EngineError> {
+        self.committer.check()?;
+        let mut chunks = Vec::new();
+        for &object in objects {
+            chunks.extend(
+                self.list_chunks(object)?.into_iter().map(|(index, _)| ChunkId { object, index }),
+            );
+        }
+        // Every chunk's lock, taken in stripe order (no other path holds two).
+        let mut stripes: Vec<usize> = chunks.iter().map(|&c| Self::lock_index(c)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _exclusive: Vec<_> = stripes
+            .iter()
+            .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut ops = Vec::new();
+        let mut runs = Vec::new();
+        for &chunk in &chunks {
+            if let Some(rec) = self.load_record(chunk)? {
+                ops.push(MapOp::Delete(key(chunk)));
+                runs.extend(rec.physical_runs());
+            }
+        }
+        if ops.is_empty() {
+            return Ok(0);
+        }
+        let removed = ops.len() as u64;
+        self.committer.commit_all(&self.db, ops)?;
+        lock(&self.alloc).defer(&runs);
+        self.chunks.fetch_sub(removed, Ordering::Relaxed);
         Ok(removed)
     }
 

@@ -15,7 +15,8 @@ use crate::fs::{ChunkId, FileLayout, FsStatus, Ino, LayoutPolicy, ObjectId, Targ
 ///
 /// Replies carry it so a client can tell whether a sync covers its earlier changes: the meta
 /// service answers every call with `(Epoch, MetaReply)`, and the storage service answers
-/// `CHUNK_WRITE`, `CHUNK_TRUNCATE`, `CHUNK_PUNCH`, `OBJECT_REMOVE` and `TARGET_SYNC` with the
+/// `CHUNK_WRITE`, `CHUNK_TRUNCATE`, `CHUNK_PUNCH`, `OBJECT_REMOVE`, `OBJECTS_REMOVE` and
+/// `TARGET_SYNC` with the
 /// epoch of the target's service. A change made under one epoch and a sync answered under
 /// another means the change may be gone: the client reports the sync as failed (as NFS does
 /// with its write verifier).
@@ -53,6 +54,9 @@ pub mod storage_method {
     pub const TARGET_REPLACE_DRIVE: u16 = 2010;
     /// Administrative: label a drive as a hot spare of a running target.
     pub const TARGET_ADD_SPARE: u16 = 2011;
+    /// Removes every chunk of many objects on one target in one chunk-map commit (the
+    /// client's purge of removed files).
+    pub const OBJECTS_REMOVE: u16 = 2012;
 }
 
 /// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
@@ -622,6 +626,16 @@ pub struct ObjectRemove {
     pub target: TargetId,
     pub object: ObjectId,
     pub from_index: u64,
+}
+
+/// Most objects one [`ObjectsRemove`] may name.
+pub const OBJECTS_REMOVE_MAX: usize = 4096;
+
+/// Removes every chunk of each of `objects` on one target (at most [`OBJECTS_REMOVE_MAX`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ObjectsRemove {
+    pub target: TargetId,
+    pub objects: Vec<ObjectId>,
 }
 
 /// Makes `[offset, offset + len)` of a chunk read as zeros: whole blocks in the range are

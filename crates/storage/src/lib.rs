@@ -27,8 +27,8 @@ use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
 pub use stria_proto::wire::Epoch;
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
-    ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetAddSpare, TargetFailDrive, TargetInfo,
-    TargetReplaceDrive, TargetSync, new_epoch, storage_method,
+    ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove, TargetAddSpare, TargetFailDrive,
+    TargetInfo, TargetReplaceDrive, TargetSync, new_epoch, storage_method,
 };
 use stria_raid::Array;
 
@@ -290,6 +290,19 @@ impl StorageService {
                             .map_err(status_of)?;
                     }
                 }
+                Ok((encode(&self.epoch)?, Bytes::new()))
+            }
+            storage_method::OBJECTS_REMOVE => {
+                let r: ObjectsRemove = decode(message)?;
+                if r.objects.len() > stria_proto::wire::OBJECTS_REMOVE_MAX {
+                    tracing::debug!(
+                        objects = r.objects.len(),
+                        "batch removal past the limit refused"
+                    );
+                    return Err(FsStatus::Invalid.rpc_code().into());
+                }
+                let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
+                target.engine.remove_objects(&r.objects).map_err(status_of)?;
                 Ok((encode(&self.epoch)?, Bytes::new()))
             }
             storage_method::TARGET_SYNC => {
