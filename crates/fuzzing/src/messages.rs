@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use stria_proto::mgmt::{MgmtRequest, MgmtResult};
 use stria_proto::wire::{
     ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
-    MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, TargetAddSpare,
-    TargetFailDrive, TargetInfo, TargetReplaceDrive, TargetSync,
+    MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove,
+    TargetAddSpare, TargetFailDrive, TargetInfo, TargetReplaceDrive, TargetSync,
 };
 
 use crate::{largest_allocation_during, mode_and_rest};
@@ -40,6 +40,7 @@ pub const MESSAGES: &[(&str, crate::Target)] = &[
     ("Vec<TargetInfo>", check::<Vec<TargetInfo>>),
     ("MgmtRequest", check::<MgmtRequest>),
     ("MgmtResult", check::<MgmtResult>),
+    ("ObjectsRemove", check::<ObjectsRemove>),
 ];
 
 /// Input: one byte picking the message type (modulo the table), then the message part.

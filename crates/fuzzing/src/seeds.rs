@@ -140,6 +140,13 @@ fn postcard_messages() -> Vec<(String, Vec<u8>)> {
             }),
         ),
         ("MgmtResult", encode(&MgmtResult::Ok(MgmtReply::Volumes(Vec::new())))),
+        (
+            "ObjectsRemove",
+            encode(&stria_proto::wire::ObjectsRemove {
+                target: TargetId(2),
+                objects: vec![ObjectId(7), ObjectId(8), ObjectId(1 << 40)],
+            }),
+        ),
     ];
     seeds
         .into_iter()
