@@ -77,16 +77,22 @@ pub(crate) async fn write(
         state.inline = None;
         state.layout.clone()
     };
+    // The size the metadata service got with the spill: this write then leaves none to publish.
+    let mut published = None;
     let layout = match layout {
         Some(layout) => layout,
         None if end <= INLINE_DATA_MAX as u64 => {
             match write_inline(inner, inode, offset, bytes).await {
                 // A concurrent write moved the file to chunks meanwhile: follow it there.
-                Err(FsStatus::TooBig) => spill(inner, inode).await?,
+                Err(FsStatus::TooBig) => spill(inner, inode, None).await?.0,
                 done => return done,
             }
         }
-        None => spill(inner, inode).await?,
+        None => {
+            let (layout, size) = spill(inner, inode, Some(end)).await?;
+            published = size;
+            layout
+        }
     };
     // Writes overlapping this one that are still in flight go first (see `InFlight`).
     let done = loop {
@@ -147,8 +153,10 @@ pub(crate) async fn write(
     }
     let mut state = inode.state();
     state.size = state.size.max(end);
-    state.size_dirty = true;
-    state.mtime = Timestamp::now();
+    if published.is_none_or(|size| state.size > size) {
+        state.size_dirty = true;
+        state.mtime = Timestamp::now();
+    }
     Ok(())
 }
 
@@ -167,14 +175,41 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
 
 /// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
 /// metadata service switches the file over, so a crash in between keeps the inline copy.
-async fn spill(inner: &Inner, inode: &InodeData) -> FsResult<FileLayout> {
+/// With `size` (the end of the write that spills), an empty file takes that size in the same
+/// commit; the size the service then has is returned with the layout.
+async fn spill(
+    inner: &Inner,
+    inode: &InodeData,
+    size: Option<u64>,
+) -> FsResult<(FileLayout, Option<u64>)> {
     let _one_at_a_time = inode.spill_lock.lock().await;
     if let Some(layout) = inode.state().layout.clone() {
-        return Ok(layout);
+        return Ok((layout, None));
     }
-    let layout = spill_ino(inner, inode.ino).await?;
+    let (layout, published) = match size {
+        Some(size) => spill_sized(inner, inode.ino, size).await?,
+        None => (spill_ino(inner, inode.ino).await?, None),
+    };
+    if published.is_some() {
+        inner.files.published();
+    }
     inode.state().layout = Some(layout.clone());
-    Ok(layout)
+    Ok((layout, published))
+}
+
+/// `SpillSized`: an empty file becomes chunked with its size in one commit; a file with
+/// inline bytes takes the two-step spill (its size is published at the next flush).
+async fn spill_sized(inner: &Inner, ino: Ino, size: u64) -> FsResult<(FileLayout, Option<u64>)> {
+    let mtime = Timestamp::now();
+    match inner.meta.call(MetaRequest::SpillSized { ino, size, mtime }).await? {
+        MetaReply::Attr(attr) => {
+            let layout = attr.layout.ok_or(FsStatus::Io)?;
+            // Chunked by someone else first: its size is not this write's.
+            Ok((layout, (attr.size >= size && attr.mtime == mtime).then_some(attr.size)))
+        }
+        MetaReply::Spilled { .. } => Ok((spill_ino(inner, ino).await?, None)),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// Makes sure a regular file is chunked (a truncate past the inline limit needs that).

@@ -241,6 +241,28 @@ impl Meta {
         })
     }
 
+    /// [`Meta::spill_commit`] of an empty file's plan that also raises the size to `size` and
+    /// sets mtime, in one commit: the first write past the inline limit publishes its size
+    /// with the layout.
+    pub fn spill_commit_sized(&self, plan: &SpillPlan, size: u64, mtime: Timestamp) -> Result<()> {
+        plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
+        self.write(|tx| {
+            let mut rec = tx.inode(plan.ino)?;
+            regular(&rec)?;
+            if !matches!(rec.body, Body::File(FileData::Inline(_))) || rec.version != plan.version {
+                return Err(fs(FsStatus::Unavailable, "file changed since the spill plan"));
+            }
+            let before = rec.clone();
+            rec.body = Body::File(FileData::Chunked(plan.layout.clone()));
+            rec.size = rec.size.max(size);
+            rec.mtime = mtime;
+            rec.ctime = self.now();
+            rec.version += 1;
+            tx.account(Some(&before), Some(&rec));
+            tx.put_inode(plan.ino, &rec)
+        })
+    }
+
     /// The layout of a chunked file; `None` while the file is inline.
     pub fn file_layout(&self, ino: Ino) -> Result<Option<FileLayout>> {
         self.read(|rx| {

@@ -246,6 +246,26 @@ impl MetaService {
                     }
                 }
             },
+            MetaRequest::SpillSized { ino, size, mtime } => match meta.file_layout(ino)? {
+                Some(_) => self.attr(meta.getattr(ino)?)?,
+                None => {
+                    let plan = meta.spill_begin(ino)?;
+                    if !plan.bytes.is_empty() {
+                        return Ok(MetaReply::Spilled {
+                            layout: plan.layout,
+                            data: plan.bytes,
+                            version: plan.version,
+                        });
+                    }
+                    // As for `Spill`: a concurrent spill that won leaves the file chunked.
+                    if let Err(error) = meta.spill_commit_sized(&plan, size, mtime)
+                        && meta.file_layout(ino)?.is_none()
+                    {
+                        return Err(error);
+                    }
+                    self.attr(meta.getattr(ino)?)?
+                }
+            },
             MetaRequest::SpillCommit { ino, layout, version } => {
                 let plan = crate::SpillPlan { ino, bytes: Vec::new(), layout, version };
                 meta.spill_commit(&plan)?;

@@ -398,6 +398,15 @@ pub enum MetaRequest {
     Analytics {
         top: u32,
     },
+    /// `Spill` for a first write that ends at `size`: an empty inline file becomes chunked
+    /// and takes `size` and `mtime` in the same commit, so the close that follows has no size
+    /// to publish. A file with inline bytes is answered as `Spill` is (`Spilled`); a chunked
+    /// one with its attributes, unchanged.
+    SpillSized {
+        ino: Ino,
+        size: u64,
+        mtime: Timestamp,
+    },
 }
 
 impl MetaRequest {
@@ -411,6 +420,7 @@ impl MetaRequest {
             | MetaRequest::WriteInline { ino, .. }
             | MetaRequest::SpillCommit { ino, .. }
             | MetaRequest::ExtendSize { ino, .. }
+            | MetaRequest::SpillSized { ino, .. }
             | MetaRequest::SetXattr { ino, .. }
             | MetaRequest::RemoveXattr { ino, .. }
             | MetaRequest::SetFileLayout { ino, .. }
@@ -452,6 +462,7 @@ impl MetaRequest {
                 MetaRequest::SetAttr { .. }
                     | MetaRequest::WriteInline { .. }
                     | MetaRequest::Spill { .. }
+                    | MetaRequest::SpillSized { .. }
                     | MetaRequest::SpillCommit { .. }
                     | MetaRequest::ExtendSize { .. }
                     | MetaRequest::SetFileLayout { .. }
@@ -497,6 +508,7 @@ impl MetaRequest {
             MetaRequest::ReadInline { .. } => "read_inline",
             MetaRequest::WriteInline { .. } => "write_inline",
             MetaRequest::Spill { .. } => "spill",
+            MetaRequest::SpillSized { .. } => "spill_sized",
             MetaRequest::SpillCommit { .. } => "spill_commit",
             MetaRequest::Release { .. } => "release",
             MetaRequest::ExtendSize { .. } => "extend_size",
