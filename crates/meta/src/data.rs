@@ -228,23 +228,17 @@ impl Meta {
     /// layout. Fails with EAGAIN (and changes nothing) if the inline data changed since the
     /// plan was made.
     pub fn spill_commit(&self, plan: &SpillPlan) -> Result<()> {
-        plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
-        self.write(|tx| {
-            let mut rec = tx.inode(plan.ino)?;
-            regular(&rec)?;
-            if !matches!(rec.body, Body::File(FileData::Inline(_))) || rec.version != plan.version {
-                return Err(fs(FsStatus::Unavailable, "file changed since the spill plan"));
-            }
-            rec.body = Body::File(FileData::Chunked(plan.layout.clone()));
-            rec.version += 1;
-            tx.put_inode(plan.ino, &rec)
-        })
+        self.commit_spill(plan, None)
     }
 
     /// [`Meta::spill_commit`] of an empty file's plan that also raises the size to `size` and
     /// sets mtime, in one commit: the first write past the inline limit publishes its size
     /// with the layout.
     pub fn spill_commit_sized(&self, plan: &SpillPlan, size: u64, mtime: Timestamp) -> Result<()> {
+        self.commit_spill(plan, Some((size, mtime)))
+    }
+
+    fn commit_spill(&self, plan: &SpillPlan, sized: Option<(u64, Timestamp)>) -> Result<()> {
         plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
         self.write(|tx| {
             let mut rec = tx.inode(plan.ino)?;
@@ -254,11 +248,13 @@ impl Meta {
             }
             let before = rec.clone();
             rec.body = Body::File(FileData::Chunked(plan.layout.clone()));
-            rec.size = rec.size.max(size);
-            rec.mtime = mtime;
-            rec.ctime = self.now();
             rec.version += 1;
-            tx.account(Some(&before), Some(&rec));
+            if let Some((size, mtime)) = sized {
+                rec.size = rec.size.max(size);
+                rec.mtime = mtime;
+                rec.ctime = self.now();
+                tx.account(Some(&before), Some(&rec));
+            }
             tx.put_inode(plan.ino, &rec)
         })
     }
