@@ -17,7 +17,7 @@
 //! (`Engine::set_read_cache_bytes`, 0 = off, the default).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::BLOCK;
@@ -32,6 +32,20 @@ pub(crate) struct BlockCache {
     shards: Vec<Mutex<Shard>>,
     /// Blocks each shard may hold.
     per_shard: AtomicUsize,
+    /// Block lookups answered, and missed, since the target was opened.
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// What a target's read cache holds and how well it serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCacheStats {
+    pub capacity_bytes: u64,
+    pub held_bytes: u64,
+    /// Blocks found in the cache since the target was opened.
+    pub hits: u64,
+    /// Blocks looked up and not found (then read from the array).
+    pub misses: u64,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +67,8 @@ impl Default for BlockCache {
         BlockCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             per_shard: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         }
     }
 }
@@ -78,6 +94,15 @@ impl BlockCache {
         self.shards.iter().map(|s| lock(s).map.len() as u64 * BLOCK as u64).sum()
     }
 
+    pub(crate) fn stats(&self) -> ReadCacheStats {
+        ReadCacheStats {
+            capacity_bytes: (self.per_shard.load(Ordering::Relaxed) * SHARDS * BLOCK) as u64,
+            held_bytes: self.held_bytes(),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
+    }
+
     fn shard(&self, block: u64) -> &Mutex<Shard> {
         // Consecutive blocks land in different shards.
         let h = block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
@@ -91,9 +116,13 @@ impl BlockCache {
             Some(slot) => {
                 slot.referenced = true;
                 out.copy_from_slice(&slot.data);
+                self.hits.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            None => false,
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
     }
 

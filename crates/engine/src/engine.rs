@@ -422,6 +422,11 @@ impl Engine {
         self.cache.held_bytes()
     }
 
+    /// The read cache's size, contents and hits.
+    pub fn read_cache_stats(&self) -> crate::ReadCacheStats {
+        self.cache.stats()
+    }
+
     /// Reads up to `len` bytes at `offset`. Returns fewer at the chunk end, none for a missing
     /// chunk; holes read as zeros. Every block is checked against its CRC32C first.
     pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, EngineError> {

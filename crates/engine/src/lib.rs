@@ -35,6 +35,7 @@ pub mod superblock;
 pub mod testing;
 mod usage;
 
+pub use cache::ReadCacheStats;
 pub use engine::{Engine, MAP_FILE_NAME, SpaceStats, WriteDone};
 pub use error::EngineError;
 pub use usage::ObjectUsage;

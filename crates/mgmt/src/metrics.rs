@@ -312,7 +312,39 @@ fn families(s: &Scrape) -> Families {
     for t in &s.targets {
         sink.put(&target_labels(t), t.scrub.progress_ratio);
     }
-    let target_counters: [Spec<TargetStatus, u64>; 8] = [
+    let cache_gauges: [Spec<TargetStatus, f64>; 2] = [
+        (
+            "stria_target_read_cache_capacity",
+            "Memory the target's read cache of small-I/O blocks may hold.",
+            Some(Unit::Bytes),
+            |t| t.read_cache.capacity_bytes as f64,
+        ),
+        (
+            "stria_target_read_cache_held",
+            "Memory the target's read cache holds now.",
+            Some(Unit::Bytes),
+            |t| t.read_cache.held_bytes as f64,
+        ),
+    ];
+    for (name, help, unit, get) in cache_gauges {
+        let mut sink = f.gauge(name, help, unit);
+        for t in &s.targets {
+            sink.put(&target_labels(t), get(t));
+        }
+    }
+    let target_counters: [Spec<TargetStatus, u64>; 10] = [
+        (
+            "stria_target_read_cache_hits",
+            "Blocks the target served from its read cache.",
+            None,
+            |t| t.read_cache.hits,
+        ),
+        (
+            "stria_target_read_cache_misses",
+            "Blocks looked up in the read cache and read from the array instead.",
+            None,
+            |t| t.read_cache.misses,
+        ),
         ("stria_target_read", "Bytes of chunk reads the target served.", Some(Unit::Bytes), |t| {
             t.io.read_bytes
         }),
@@ -621,6 +653,7 @@ mod tests {
                 read_latency_buckets: buckets,
                 write_latency_buckets: vec![0; LATENCY_BUCKETS],
             },
+            read_cache: ReadCache { capacity_bytes: 1 << 30, held_bytes: 8192, hits: 5, misses: 2 },
             warnings: Vec::new(),
             drives: vec![drive(0, "active"), drive(1, "failed"), drive(2, "active")],
         }

@@ -196,6 +196,17 @@ pub struct TargetIo {
     pub write_latency_buckets: Vec<u64>,
 }
 
+/// The target's read cache of small-I/O blocks (`stria up --read-cache`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ReadCache {
+    pub capacity_bytes: u64,
+    pub held_bytes: u64,
+    /// Blocks served from the cache since the node started.
+    pub hits: u64,
+    /// Blocks looked up and read from the array instead.
+    pub misses: u64,
+}
+
 /// One target: a RAID array of drives with a chunk engine on it.
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct TargetStatus {
@@ -216,6 +227,7 @@ pub struct TargetStatus {
     pub repaired_blocks: u64,
     pub unrecoverable_blocks: u64,
     pub io: TargetIo,
+    pub read_cache: ReadCache,
     pub warnings: Vec<String>,
     /// Members in slot order, then spares.
     pub drives: Vec<DriveStatus>,

@@ -70,6 +70,7 @@ impl NodeView for FakeNode {
             repaired_blocks: 0,
             unrecoverable_blocks: 0,
             io: TargetIo::default(),
+            read_cache: ReadCache::default(),
             warnings: Vec::new(),
             drives: (0..3).map(drive).collect(),
         }]

@@ -15,9 +15,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use stria_mgmt::api_auth::{ApiToken, token_path};
 use stria_mgmt::node_view::{
-    DriveStatus, Geometry, NodeAddresses, NodeIdentity, NodeView, RebuildStatus, ScrubFindings,
-    ScrubState, ScrubStatus, Space, TargetIo, TargetState, TargetStatus, level_shape,
-    remaining_life_days,
+    DriveStatus, Geometry, NodeAddresses, NodeIdentity, NodeView, ReadCache, RebuildStatus,
+    ScrubFindings, ScrubState, ScrubStatus, Space, TargetIo, TargetState, TargetStatus,
+    level_shape, remaining_life_days,
 };
 use stria_mgmt::{ApiServer, Mgmt};
 use stria_proto::fs::TargetId;
@@ -218,6 +218,15 @@ impl NodeView for LocalView {
                     repaired_blocks: status.repaired_blocks,
                     unrecoverable_blocks: status.unrecoverable_blocks,
                     io,
+                    read_cache: {
+                        let c = t.engine.read_cache_stats();
+                        ReadCache {
+                            capacity_bytes: c.capacity_bytes,
+                            held_bytes: c.held_bytes,
+                            hits: c.hits,
+                            misses: c.misses,
+                        }
+                    },
                     warnings: status.warnings.clone(),
                     drives: status
                         .members

@@ -2,7 +2,8 @@
 //! the first write moves the empty file to chunks and publishes its size in the same request
 //! (`SpillSized`), so its close has no size to publish (`ExtendSize`). A file that already
 //! holds inline bytes takes the two-step spill and publishes its size at close, as before.
-//! Both read back whole after a restart.
+//! Both read back whole after a restart, and a second reader's reads of them come from the
+//! storage role's read cache (its figures in /metrics).
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,11 +11,22 @@ mod support;
 
 use std::io::Write;
 
+use stria_meta::Caller;
+use stria_proto::fs::ROOT_INO;
 use support::http::Api;
-use support::node::{Node, pattern, require_fuse, scratch};
+use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
 const FILES: usize = 20;
+
+/// The sum of a metric's samples (every target's, for a per-target one).
+fn metric(api: &Api, name: &str) -> f64 {
+    let text = api.call("GET", "/metrics", None).body;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
 
 fn metadata_ops(api: &Api, op: &str) -> u64 {
     let text = api.call("GET", "/metrics", None).body;
@@ -52,6 +64,23 @@ fn a_new_files_first_write_publishes_its_size() {
         assert!(back == pattern(i as u64, 0, 4096), "f{i} reads back after a restart");
     }
     assert_eq!(std::fs::read(&mixed).unwrap(), pattern(99, 0, 5100));
+
+    // The mount's reads filled the read cache; a second client's reads of the same blocks
+    // (no kernel page cache in between) are answered from it.
+    let api = Api::of(&node);
+    assert_eq!(metric(&api, "stria_target_read_cache_capacity_bytes"), (1u64 << 30) as f64);
+    assert!(metric(&api, "stria_target_read_cache_held_bytes") >= (FILES * 4096) as f64);
+    let hits = metric(&api, "stria_target_read_cache_hits_total");
+    let (client, _runtime) = native_client(&node);
+    for i in 0..FILES {
+        let attr = client.lookup(&Caller::root(), ROOT_INO, format!("f{i}").as_bytes()).unwrap();
+        let (fh, _) = client.open(&Caller::root(), attr.ino, 4).unwrap();
+        assert!(client.read(fh, 0, 4096).unwrap() == pattern(i as u64, 0, 4096));
+        client.release(fh).unwrap();
+    }
+    let hits = metric(&api, "stria_target_read_cache_hits_total") - hits;
+    assert!(hits >= FILES as f64, "{hits} blocks came from the cache");
+    drop(client);
     node.stop();
     let out = node.cli(&["fsck"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
