@@ -77,7 +77,7 @@ pub(crate) async fn write(
         state.inline = None;
         state.layout.clone()
     };
-    // The size the metadata service got with the spill: this write then leaves none to publish.
+    // The size and mtime the metadata service got with the spill.
     let mut published = None;
     let layout = match layout {
         Some(layout) => layout,
@@ -153,10 +153,14 @@ pub(crate) async fn write(
     }
     let mut state = inode.state();
     state.size = state.size.max(end);
-    if published.is_none_or(|size| state.size > size) {
-        state.size_dirty = true;
-        state.mtime = Timestamp::now();
-    }
+    state.size_dirty = true;
+    // After a `SpillSized` the close still publishes, with the same size and mtime: the
+    // service then has nothing to change and commits nothing, unless the file changed in
+    // between (a truncate the data landed after), which the publish repairs.
+    state.mtime = match published {
+        Some((size, mtime)) if state.size <= size => mtime,
+        _ => Timestamp::now(),
+    };
     Ok(())
 }
 
@@ -176,12 +180,12 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
 /// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
 /// metadata service switches the file over, so a crash in between keeps the inline copy.
 /// With `size` (the end of the write that spills), an empty file takes that size in the same
-/// commit; the size the service then has is returned with the layout.
+/// commit; the size and mtime the service then has are returned with the layout.
 async fn spill(
     inner: &Inner,
     inode: &InodeData,
     size: Option<u64>,
-) -> FsResult<(FileLayout, Option<u64>)> {
+) -> FsResult<(FileLayout, Option<(u64, Timestamp)>)> {
     let _one_at_a_time = inode.spill_lock.lock().await;
     if let Some(layout) = inode.state().layout.clone() {
         return Ok((layout, None));
@@ -199,13 +203,17 @@ async fn spill(
 
 /// `SpillSized`: an empty file becomes chunked with its size in one commit; a file with
 /// inline bytes takes the two-step spill (its size is published at the next flush).
-async fn spill_sized(inner: &Inner, ino: Ino, size: u64) -> FsResult<(FileLayout, Option<u64>)> {
+async fn spill_sized(
+    inner: &Inner,
+    ino: Ino,
+    size: u64,
+) -> FsResult<(FileLayout, Option<(u64, Timestamp)>)> {
     let mtime = Timestamp::now();
     match inner.meta.call(MetaRequest::SpillSized { ino, size, mtime }).await? {
         MetaReply::Attr(attr) => {
             let layout = attr.layout.ok_or(FsStatus::Io)?;
             // Chunked by someone else first: its size is not this write's.
-            Ok((layout, (attr.size >= size && attr.mtime == mtime).then_some(attr.size)))
+            Ok((layout, (attr.size >= size && attr.mtime == mtime).then_some((attr.size, mtime))))
         }
         MetaReply::Spilled { .. } => Ok((spill_ino(inner, ino).await?, None)),
         other => Err(unexpected(&other)),

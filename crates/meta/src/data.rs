@@ -187,6 +187,11 @@ impl Meta {
             if rec.layout().is_none() {
                 return Err(fs(FsStatus::Invalid, "extend_size on an inline file"));
             }
+            if rec.size >= new_size && rec.mtime == mtime {
+                // Already there (a `SpillSized` published it): nothing to commit.
+                tx.unchanged = true;
+                return Ok(rec.size);
+            }
             let before = rec.clone();
             rec.size = rec.size.max(new_size);
             rec.mtime = mtime;

@@ -1,7 +1,9 @@
 //! Creating a small file past the inline limit costs the metadata service one commit less:
 //! the first write moves the empty file to chunks and publishes its size in the same request
-//! (`SpillSized`), so its close has no size to publish (`ExtendSize`). A file that already
-//! holds inline bytes takes the two-step spill and publishes its size at close, as before.
+//! (`SpillSized`), so the publish at its close finds nothing to change and commits nothing. A
+//! truncate from elsewhere in between is repaired by that publish, as before (the written bytes
+//! are the file's, not stale bytes past its end). A file that already holds inline bytes takes
+//! the two-step spill and publishes its size at close, as before.
 //! Both read back whole after a restart, and a second reader's reads of them come from the
 //! storage role's read cache (its figures in /metrics).
 
@@ -13,6 +15,7 @@ use std::io::Write;
 
 use stria_meta::Caller;
 use stria_proto::fs::ROOT_INO;
+use stria_proto::wire::SetAttr;
 use support::http::Api;
 use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
@@ -47,7 +50,9 @@ fn a_new_files_first_write_publishes_its_size() {
         std::fs::write(node.mount.join(format!("f{i}")), pattern(i as u64, 0, 4096)).unwrap();
     }
     assert_eq!(metadata_ops(&api, "spill_sized") - sized, FILES as u64, "one per new file");
-    assert_eq!(metadata_ops(&api, "extend_size"), extends, "no size left to publish at close");
+    // Each close still publishes; the service finds the size there and commits nothing.
+    assert_eq!(metadata_ops(&api, "extend_size") - extends, FILES as u64, "one per close");
+    let extends = metadata_ops(&api, "extend_size");
 
     // Inline bytes first, then a write past the limit: the size is published at close.
     let mixed = node.mount.join("mixed");
@@ -56,6 +61,24 @@ fn a_new_files_first_write_publishes_its_size() {
     file.write_all(&pattern(99, 100, 5000)).unwrap();
     drop(file);
     assert_eq!(metadata_ops(&api, "extend_size"), extends + 1, "the mixed file's close");
+
+    // Another client truncates a new file after its first write published the size and
+    // before its close: the close publishes again, so the size covers the written bytes.
+    let raced = node.mount.join("raced");
+    let mut file = std::fs::File::create(&raced).unwrap();
+    file.write_all(&pattern(7, 0, 8192)).unwrap();
+    {
+        let (other, _runtime) = native_client(&node);
+        let attr = other.lookup(&Caller::root(), ROOT_INO, b"raced").unwrap();
+        assert_eq!(attr.size, 8192, "the first write published the size");
+        let cut = SetAttr { size: Some(0), ..SetAttr::default() };
+        other.setattr(&Caller::root(), attr.ino, cut).unwrap();
+    }
+    drop(file);
+    let (other, _runtime) = native_client(&node);
+    let attr = other.lookup(&Caller::root(), ROOT_INO, b"raced").unwrap();
+    assert_eq!(attr.size, 8192, "the close published the write's size again");
+    drop(other);
 
     node.stop();
     node.restart();
