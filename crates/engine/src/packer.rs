@@ -13,8 +13,8 @@
 //!   unused tail, which then goes back to the allocator), so parity never needs a read or the
 //!   journal. A stripe that a sync closes while less than a quarter full is written as an
 //!   ordinary partial-stripe update instead, so a trickle of writes with periodic syncs does
-//!   not write a whole stripe per sync. Meanwhile a fresh stripe takes new writes; at most [`RETIRING_MAX`] stripes wait
-//!   for their write, so memory stays bounded.
+//!   not write a whole stripe per sync. Meanwhile a fresh stripe takes new writes; at most
+//!   [`RETIRING_MAX`] + 1 stripes wait for their write, so memory stays bounded.
 //! - Reads of blocks still in an image are served from it ([`Packer::cached`]); a stripe leaves
 //!   the packer only after its write completed, so a block is always either in an image or on
 //!   the array.
@@ -45,8 +45,9 @@ use crate::error::EngineError;
 /// single array request.
 const IMAGE_BLOCKS_MAX: u64 = 1024;
 
-/// Full stripes that may wait for their write while a fresh one fills: bounds the memory to
-/// `RETIRING_MAX + 1` images per target.
+/// Retired stripes waiting for their write beyond which a write that needs a fresh stripe
+/// waits. The write that fills a stripe retires it regardless, so at most `RETIRING_MAX + 1`
+/// wait and `RETIRING_MAX + 2` images exist per target.
 const RETIRING_MAX: usize = 2;
 
 /// On parity levels, a stripe filled below `1 / SPARSE_CLOSE_FRACTION` is written block by
