@@ -17,10 +17,9 @@
 //! perhaps this release: the name may be back, so those chunks are kept (if the release had
 //! been durable after all, the recovery after that crash frees them).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use std::collections::{BTreeMap, BTreeSet};
 
 use stria_proto::fs::{FileLayout, FsStatus, Ino, ObjectId, TargetId};
 use stria_proto::wire::{Epoch, MetaRequest, OBJECTS_REMOVE_MAX, ObjectsRemove};

@@ -15,7 +15,7 @@ use stria_raid::Array;
 use crate::alloc::{Allocator, Run};
 use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META, MapOp};
-use crate::packer::Packer;
+use crate::packer::{Cached, Packer};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
 use crate::superblock::{FORMAT_VERSION, Superblock};
 use crate::{BLOCK, EngineError};
@@ -381,18 +381,11 @@ impl Engine {
         }
         let parts = match &self.packer {
             Some(packer) => packer.cached(first, count),
-            None => Vec::new(),
+            None => vec![Cached { at: 0, count, image: None }],
         };
         if memory_only && !(parts.len() == 1 && parts[0].image.is_some()) {
             return Ok(false);
         }
-        let Some(_) = &self.packer else {
-            self.array.read(first * BLOCK as u64, out)?;
-            if small {
-                self.cache.put(first, out);
-            }
-            return Ok(true);
-        };
         for part in parts {
             let (at, len) = (part.at as usize * BLOCK, part.count as usize * BLOCK);
             let dest = &mut out[at..at + len];
@@ -415,11 +408,6 @@ impl Engine {
     /// Sets the read cache of small-I/O blocks (`crates/engine/src/cache.rs`); 0 turns it off.
     pub fn set_read_cache_bytes(&self, bytes: u64) {
         self.cache.set_capacity_bytes(bytes);
-    }
-
-    /// Bytes the read cache holds now.
-    pub fn read_cache_held_bytes(&self) -> u64 {
-        self.cache.held_bytes()
     }
 
     /// The read cache's size, contents and hits.
@@ -452,6 +440,11 @@ impl Engine {
         len: u32,
         memory_only: bool,
     ) -> Result<Option<Vec<u8>>, EngineError> {
+        let span = |end: u64| end.div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
+        if memory_only && span(offset as u64 + len as u64) > SMALL_IO_BLOCKS {
+            // Too large to be cached: not worth reading the map for.
+            return Ok(None);
+        }
         let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
         let Some(rec) = self.load_record(chunk)? else { return Ok(Some(Vec::new())) };
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
@@ -460,9 +453,6 @@ impl Engine {
         }
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
-        if memory_only && (last - first + 1) as u64 > SMALL_IO_BLOCKS {
-            return Ok(None);
-        }
         let mut buf = vec![0u8; (last - first + 1) as usize * BLOCK];
         if !self.read_blocks_from(chunk, &rec, first, &mut buf, memory_only)? {
             return Ok(None);
@@ -667,13 +657,7 @@ impl Engine {
 
     /// Removes every chunk of `object`; returns how many there were.
     pub fn remove_object(&self, object: ObjectId) -> Result<u64, EngineError> {
-        let mut removed = 0;
-        for (index, _) in self.list_chunks(object)? {
-            if self.remove(ChunkId { object, index })? {
-                removed += 1;
-            }
-        }
-        Ok(removed)
+        self.remove_objects(&[object])
     }
 
     /// Removes every chunk of each of `objects` with one chunk-map commit; returns how many

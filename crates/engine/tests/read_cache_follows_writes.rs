@@ -46,7 +46,7 @@ fn cached_reads_always_return_the_last_write() {
             }
         }
         engine.sync().expect("sync");
-        assert!(engine.read_cache_held_bytes() > 0, "the cache was used");
+        assert!(engine.read_cache_stats().held_bytes > 0, "the cache was used");
         for (object, want) in &model {
             assert!(engine.read(chunk(*object, 0), 0, 1 << 20).expect("read") == *want);
         }

@@ -236,14 +236,14 @@ impl Meta {
         self.commit_spill(plan, None)
     }
 
-    /// [`Meta::spill_commit`] of an empty file's plan that also raises the size to `size` and
-    /// sets mtime, in one commit: the first write past the inline limit publishes its size
-    /// with the layout.
-    pub fn spill_commit_sized(&self, plan: &SpillPlan, size: u64, mtime: Timestamp) -> Result<()> {
-        self.commit_spill(plan, Some((size, mtime)))
-    }
-
-    fn commit_spill(&self, plan: &SpillPlan, sized: Option<(u64, Timestamp)>) -> Result<()> {
+    /// [`Meta::spill_commit`], and with `sized` (for an empty file's plan) the size raised to
+    /// it and mtime set in the same commit: the first write past the inline limit publishes
+    /// its size with the layout (`SpillSized`).
+    pub(crate) fn commit_spill(
+        &self,
+        plan: &SpillPlan,
+        sized: Option<(u64, Timestamp)>,
+    ) -> Result<()> {
         plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
         self.write(|tx| {
             let mut rec = tx.inode(plan.ino)?;

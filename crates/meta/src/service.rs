@@ -224,48 +224,8 @@ impl MetaService {
                     }
                 }
             }
-            MetaRequest::Spill { ino } => match meta.file_layout(ino)? {
-                Some(_) => self.attr(meta.getattr(ino)?)?,
-                None => {
-                    let plan = meta.spill_begin(ino)?;
-                    if plan.bytes.is_empty() {
-                        // No inline bytes to carry over: nothing can be lost by switching now,
-                        // which saves the client a round trip (the common new-file case). If a
-                        // concurrent spill won the race, the file is chunked all the same.
-                        if let Err(error) = meta.spill_commit(&plan)
-                            && meta.file_layout(ino)?.is_none()
-                        {
-                            return Err(error);
-                        }
-                        return self.attr(meta.getattr(ino)?);
-                    }
-                    MetaReply::Spilled {
-                        layout: plan.layout,
-                        data: plan.bytes,
-                        version: plan.version,
-                    }
-                }
-            },
-            MetaRequest::SpillSized { ino, size, mtime } => match meta.file_layout(ino)? {
-                Some(_) => self.attr(meta.getattr(ino)?)?,
-                None => {
-                    let plan = meta.spill_begin(ino)?;
-                    if !plan.bytes.is_empty() {
-                        return Ok(MetaReply::Spilled {
-                            layout: plan.layout,
-                            data: plan.bytes,
-                            version: plan.version,
-                        });
-                    }
-                    // As for `Spill`: a concurrent spill that won leaves the file chunked.
-                    if let Err(error) = meta.spill_commit_sized(&plan, size, mtime)
-                        && meta.file_layout(ino)?.is_none()
-                    {
-                        return Err(error);
-                    }
-                    self.attr(meta.getattr(ino)?)?
-                }
-            },
+            MetaRequest::Spill { ino } => self.spill(ino, None)?,
+            MetaRequest::SpillSized { ino, size, mtime } => self.spill(ino, Some((size, mtime)))?,
             MetaRequest::SpillCommit { ino, layout, version } => {
                 let plan = crate::SpillPlan { ino, bytes: Vec::new(), layout, version };
                 meta.spill_commit(&plan)?;
@@ -325,6 +285,36 @@ impl MetaService {
                 MetaReply::Analytics(wire_analytics(meta.analytics(top as usize)?))
             }
         })
+    }
+
+    /// `Spill` and `SpillSized`: a chunked file answers its attributes; an inline file with
+    /// bytes gets the plan (the client writes them, then `SpillCommit`); an empty one has
+    /// nothing to carry over, so it switches at once (taking `sized`'s size and mtime too),
+    /// which saves the client a round trip. If a concurrent spill won the race, the file is
+    /// chunked all the same.
+    fn spill(
+        &self,
+        ino: Ino,
+        sized: Option<(u64, wire::Timestamp)>,
+    ) -> Result<MetaReply, MetaError> {
+        let meta = &self.meta;
+        if meta.file_layout(ino)?.is_some() {
+            return self.attr(meta.getattr(ino)?);
+        }
+        let plan = meta.spill_begin(ino)?;
+        if !plan.bytes.is_empty() {
+            return Ok(MetaReply::Spilled {
+                layout: plan.layout,
+                data: plan.bytes,
+                version: plan.version,
+            });
+        }
+        if let Err(error) = meta.commit_spill(&plan, sized)
+            && meta.file_layout(ino)?.is_none()
+        {
+            return Err(error);
+        }
+        self.attr(meta.getattr(ino)?)
     }
 
     fn attr(&self, attr: Attr) -> Result<MetaReply, MetaError> {

@@ -1,7 +1,8 @@
 //! The redb tables and the per-transaction helpers every operation is written with.
 //!
-//! A mutation runs inside [`Tx`]: it opens every table once, collects counter changes in
-//! memory (so that an inode touched twice is counted once) and writes them just before commit.
+//! A mutation runs inside [`Tx`]: it opens the tables it uses on first use, collects counter
+//! changes in memory (so that an inode touched twice is counted once) and writes them just
+//! before commit.
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
