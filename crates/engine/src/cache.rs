@@ -3,8 +3,9 @@
 //! The target's page cache for small files and random 4 KiB I/O: blocks read by requests of
 //! at most [`SMALL_IO_BLOCKS`] blocks, and blocks written the same way (packed stripes as they
 //! reach the array, small ordinary writes), are kept so the next read of them costs no array
-//! I/O. Large sequential I/O bypasses it and only invalidates what it overwrites, so streaming
-//! a big file does not flush the small-file working set.
+//! I/O. Large sequential I/O only fills room the cache has free ([`BlockCache::fill`]): it
+//! never evicts, so streaming a big file does not flush the small-file working set, while a
+//! cache larger than the data (a volume's working set, say) ends up holding all of it.
 //!
 //! Correctness rests on one rule: every array write of a data block goes through the engine,
 //! which updates or drops the block's entry right after the write (`Engine::write_runs`, the
@@ -143,6 +144,24 @@ impl BlockCache {
         }
     }
 
+    /// As [`BlockCache::put`], but only into free room: blocks already cached are replaced,
+    /// new ones are added while their shard has room, and nothing is evicted. For large I/O.
+    pub(crate) fn fill(&self, first: u64, data: &[u8]) {
+        let capacity = self.per_shard.load(Ordering::Relaxed);
+        if capacity == 0 {
+            return;
+        }
+        for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
+            let block = first + i as u64;
+            let mut shard = lock(self.shard(block));
+            if let Some(slot) = shard.map.get_mut(&block) {
+                slot.data.copy_from_slice(bytes);
+            } else if shard.ring.len() < capacity {
+                shard.insert(block, bytes, capacity);
+            }
+        }
+    }
+
     /// Drops `count` blocks from `first` on.
     pub(crate) fn invalidate(&self, first: u64, count: u64) {
         if !self.enabled() {
@@ -190,6 +209,24 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_uses_free_room_only_and_never_evicts() {
+        let cache = BlockCache::default();
+        let capacity_blocks = 8 * SHARDS as u64;
+        cache.set_capacity_bytes(capacity_blocks * BLOCK as u64);
+        let mut out = block(0);
+        cache.put(1_000_000, &block(9));
+        cache.fill(0, &vec![5u8; 2 * capacity_blocks as usize * BLOCK]);
+        assert!(cache.get(1_000_000, &mut out), "a block put earlier is not evicted by a fill");
+        assert_eq!(out, block(9));
+        assert!(cache.held_bytes() <= capacity_blocks * BLOCK as u64);
+        let filled = (0..2 * capacity_blocks).filter(|&b| cache.get(b, &mut out)).count() as u64;
+        assert!(filled > capacity_blocks / 2, "a fill takes the free room ({filled} blocks)");
+        cache.fill(1_000_000, &block(4));
+        assert!(cache.get(1_000_000, &mut out));
+        assert_eq!(out, block(4), "a fill replaces what it overwrites");
+    }
 
     fn block(byte: u8) -> Vec<u8> {
         vec![byte; BLOCK]

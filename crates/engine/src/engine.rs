@@ -17,6 +17,7 @@ use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META, MapOp};
 use crate::packer::{Cached, Packer};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
+use crate::records::{RECORD_CACHE_BYTES, RecordCache};
 use crate::superblock::{FORMAT_VERSION, Superblock};
 use crate::{BLOCK, EngineError};
 
@@ -70,6 +71,8 @@ pub struct Engine {
     packer: Option<Packer>,
     /// Blocks of small reads and writes (see `cache`); off until sized.
     cache: BlockCache,
+    /// Decoded records of recently used chunks (see `records`).
+    records: RecordCache,
     committer: Committer,
     chunks: AtomicU64,
 }
@@ -259,6 +262,7 @@ impl Engine {
             db: ManuallyDrop::new(db),
             sb,
             locks: (0..CHUNK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            records: RecordCache::new(CHUNK_LOCK_STRIPES, RECORD_CACHE_BYTES),
             alloc: Mutex::new(alloc),
             committer: Committer::default(),
             chunks: AtomicU64::new(chunks),
@@ -280,7 +284,32 @@ impl Engine {
         (h.finish() % CHUNK_LOCK_STRIPES as u64) as usize
     }
 
-    pub(crate) fn load_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
+    /// The committed record of `chunk`, from the record cache or the chunk map; the caller
+    /// holds the chunk's lock (shared or exclusive), which keeps the cache coherent.
+    pub(crate) fn load_record(
+        &self,
+        chunk: ChunkId,
+    ) -> Result<Option<Arc<ChunkRecord>>, EngineError> {
+        let shard = Self::lock_index(chunk);
+        if let Some(rec) = self.records.get(shard, chunk) {
+            return Ok(Some(rec));
+        }
+        let Some(rec) = self.decode_record(chunk)? else { return Ok(None) };
+        let rec = Arc::new(rec);
+        self.records.put(shard, chunk, rec.clone());
+        Ok(Some(rec))
+    }
+
+    /// The record of `chunk` to change: taken out of the record cache (the change puts the
+    /// committed one back), or read from the chunk map. The chunk's lock is held exclusively.
+    fn take_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
+        match self.records.take(Self::lock_index(chunk), chunk) {
+            Some(rec) => Ok(Some(Arc::unwrap_or_clone(rec))),
+            None => self.decode_record(chunk),
+        }
+    }
+
+    fn decode_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
         match commit::get(&self.db, key(chunk))? {
             None => Ok(None),
             Some(bytes) => ChunkRecord::decode(&bytes)
@@ -370,8 +399,8 @@ impl Engine {
         memory_only: bool,
     ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
-        let small = count <= SMALL_IO_BLOCKS && self.cache.enabled();
-        if small
+        let small = count <= SMALL_IO_BLOCKS;
+        if self.cache.enabled()
             && out
                 .chunks_exact_mut(BLOCK)
                 .enumerate()
@@ -398,6 +427,8 @@ impl Engine {
                     self.array.read((first + part.at) * BLOCK as u64, dest)?;
                     if small {
                         self.cache.put(first + part.at, dest);
+                    } else {
+                        self.cache.fill(first + part.at, dest);
                     }
                 }
             }
@@ -501,7 +532,7 @@ impl Engine {
         }
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
-        let existing = self.load_record(chunk)?;
+        let existing = self.take_record(chunk)?;
         let existed = existing.is_some();
         let rec = existing.unwrap_or_default();
         if data.is_empty() {
@@ -540,7 +571,7 @@ impl Engine {
         Self::check_end(chunk, len as u64)?;
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
-        let existing = self.load_record(chunk)?;
+        let existing = self.take_record(chunk)?;
         let existed = existing.is_some();
         let rec = existing.unwrap_or_default();
         if existed && rec.len_bytes == len {
@@ -583,7 +614,7 @@ impl Engine {
     ) -> Result<bool, EngineError> {
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
-        let Some(rec) = self.load_record(chunk)? else { return Ok(false) };
+        let Some(rec) = self.take_record(chunk)? else { return Ok(false) };
         let start = offset as u64;
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
         if start >= end {
@@ -642,7 +673,7 @@ impl Engine {
     pub fn remove(&self, chunk: ChunkId) -> Result<bool, EngineError> {
         self.committer.check()?;
         let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
-        let Some(rec) = self.load_record(chunk)? else { return Ok(false) };
+        let Some(rec) = self.take_record(chunk)? else { return Ok(false) };
         self.remove_locked(chunk, &rec)?;
         Ok(true)
     }
@@ -681,7 +712,7 @@ impl Engine {
         let mut ops = Vec::new();
         let mut runs = Vec::new();
         for &chunk in &chunks {
-            if let Some(rec) = self.load_record(chunk)? {
+            if let Some(rec) = self.take_record(chunk)? {
                 ops.push(MapOp::Delete(key(chunk)));
                 runs.extend(rec.physical_runs());
             }
@@ -889,6 +920,7 @@ impl Engine {
         // On failure the commit may or may not have reached redb; the new blocks stay allocated
         // (the target is poisoned, and a reopen rebuilds the free map from the map itself).
         self.committer.commit(&self.db, MapOp::Put(key(chunk), rec.encode()))?;
+        self.records.put(Self::lock_index(chunk), chunk, Arc::new(rec));
         if !existed {
             self.chunks.fetch_add(1, Ordering::Relaxed);
         }
@@ -901,12 +933,13 @@ impl Engine {
         let small = (data.len() / BLOCK) as u64 <= SMALL_IO_BLOCKS;
         let mut at = 0usize;
         for &(start, n) in runs {
-            // The cache follows every write: small ones are kept, large ones only drop what
-            // they overwrite (freed blocks may still have entries).
+            // The cache follows every write: small ones are kept, large ones replace what they
+            // overwrite (freed blocks may still have entries) and take only free room.
+            let bytes = &data[at..at + n as usize * BLOCK];
             if small {
-                self.cache.put(start, &data[at..at + n as usize * BLOCK]);
+                self.cache.put(start, bytes);
             } else {
-                self.cache.invalidate(start, n);
+                self.cache.fill(start, bytes);
             }
             let len = n as usize * BLOCK;
             let mut done = 0usize;

@@ -29,6 +29,7 @@ mod packer;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
 #[doc(hidden)]
 pub mod record;
+mod records;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
 #[doc(hidden)]
 pub mod superblock;

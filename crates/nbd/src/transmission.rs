@@ -1,6 +1,11 @@
-//! The transmission phase of one connection: a reader that parses and checks requests, one
-//! task per request that calls the backend on the blocking pool, and a writer that sends
-//! replies in completion order.
+//! The transmission phase of one connection: a reader that parses and checks requests, runs
+//! each on the backend, and a writer that sends replies in completion order.
+//!
+//! A request whose backend call completes at once (a read served from memory) is answered by
+//! the reader itself: its reply joins a batch that goes to the writer, as one buffer, when the
+//! reader has no more buffered requests to parse, so a client with many requests in flight
+//! gets many replies per send. Every other request becomes a task of its own (the blocking
+//! pool for commands without an asynchronous path) and sends its reply when done.
 //!
 //! Memory per connection is bounded by two semaphores: request slots (requests in progress)
 //! and a byte budget (write payloads being held, read replies waiting to be sent). A permit is
@@ -8,8 +13,10 @@
 //! socket, so a client that never drains replies stalls only its own connection, and the
 //! writer's timeout then disconnects it.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, WriteHalf};
@@ -192,11 +199,61 @@ pub(crate) fn descriptors(extents: &[Extent], requested: u32, req_one: bool) -> 
     out
 }
 
-/// One reply on its way to the socket, with the permits it keeps until it is sent.
+/// Most replies the writer gathers for one round of sends.
+const REPLY_BATCH_MAX: usize = 64;
+/// Replies up to this size are copied into the writer's buffer and sent together; larger
+/// ones (big reads) are written from their own buffer.
+const REPLY_GATHER_BYTES_MAX: usize = 32 * 1024;
+
+/// Replies the reader gathers (bytes) before it hands them to the writer without waiting
+/// for its buffered requests to run out.
+const REPLY_BATCH_BYTES: usize = 256 * 1024;
+
+/// One reply, or a batch of them, on its way to the socket, with the permits it keeps until
+/// it is sent.
 struct Reply {
     message: Vec<u8>,
     _slot: OwnedSemaphorePermit,
     _budget: Option<OwnedSemaphorePermit>,
+}
+
+/// Replies of requests the reader completed itself, not yet handed to the writer.
+#[derive(Default)]
+struct Batch {
+    message: Vec<u8>,
+    slot: Option<OwnedSemaphorePermit>,
+    budget: Option<OwnedSemaphorePermit>,
+}
+
+impl Batch {
+    fn add(
+        &mut self,
+        message: Vec<u8>,
+        slot: OwnedSemaphorePermit,
+        budget: Option<OwnedSemaphorePermit>,
+    ) {
+        if self.message.is_empty() {
+            self.message = message;
+        } else {
+            self.message.extend_from_slice(&message);
+        }
+        match &mut self.slot {
+            Some(held) => held.merge(slot),
+            None => self.slot = Some(slot),
+        }
+        match (&mut self.budget, budget) {
+            (Some(held), Some(more)) => held.merge(more),
+            (held @ None, more) => *held = more,
+            (Some(_), None) => {}
+        }
+    }
+
+    /// Hands the gathered replies to the writer as one.
+    async fn send(&mut self, ctx: &Ctx) {
+        let Some(slot) = self.slot.take() else { return };
+        let message = std::mem::take(&mut self.message);
+        ctx.send(message, slot, self.budget.take()).await;
+    }
 }
 
 /// Shared by the request tasks of one connection.
@@ -265,9 +322,14 @@ pub(crate) async fn run(
         replies: reply_tx,
     });
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut batch = Batch::default();
 
     let ending = loop {
         while tasks.try_join_next().is_some() {}
+        if reader.buffer().len() < REQUEST_HEADER_BYTES {
+            // The next header has to come from the socket: send what is done first.
+            batch.send(&ctx).await;
+        }
         let mut header = [0u8; REQUEST_HEADER_BYTES];
         // Cancelling the read is fine on these paths: the connection closes either way.
         let read = tokio::select! {
@@ -291,8 +353,16 @@ pub(crate) async fn run(
         if h.kind == CMD_DISC {
             break Ending::Disconnect;
         }
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break Ending::WriterGone;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // The batch holds slots of its own; waiting with them held could wait forever.
+                batch.send(&ctx).await;
+                match slots.clone().acquire_owned().await {
+                    Ok(slot) => slot,
+                    Err(_) => break Ending::WriterGone,
+                }
+            }
         };
         if h.kind == CMD_WRITE && h.length > REQUEST_BYTES_MAX {
             // Skipping up to 4 GiB of payload is the denial of service the protocol lets a
@@ -331,7 +401,14 @@ pub(crate) async fn run(
             _ => 0,
         };
         let budget_permit = if budget_bytes > 0 {
-            match budget.clone().acquire_many_owned(budget_bytes).await {
+            let permit = match budget.clone().try_acquire_many_owned(budget_bytes) {
+                Ok(permit) => Ok(permit),
+                Err(_) => {
+                    batch.send(&ctx).await;
+                    budget.clone().acquire_many_owned(budget_bytes).await
+                }
+            };
+            match permit {
                 Ok(permit) => Some(permit),
                 Err(_) => break Ending::WriterGone,
             }
@@ -342,6 +419,9 @@ pub(crate) async fn run(
             // The whole payload is in memory before the backend sees any of it, so a client
             // that vanishes mid-payload never causes a partial write.
             let mut data = vec![0u8; length as usize];
+            if reader.buffer().len() < data.len() {
+                batch.send(&ctx).await;
+            }
             let read =
                 tokio::time::timeout(config.payload_read_timeout, reader.read_exact(&mut data))
                     .await;
@@ -354,12 +434,28 @@ pub(crate) async fn run(
         } else {
             None
         };
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            let message = execute(&ctx, h.handle, command, payload).await;
-            ctx.send(message, slot, budget_permit).await;
-        });
+        let task_ctx = ctx.clone();
+        let mut work =
+            Box::pin(async move { execute(&task_ctx, h.handle, command, payload).await });
+        // One poll here: a request served from memory completes in it and joins the batch.
+        match std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+            Poll::Ready(message) if message.len() <= REPLY_BATCH_BYTES => {
+                batch.add(message, slot, budget_permit);
+                if batch.message.len() >= REPLY_BATCH_BYTES {
+                    batch.send(&ctx).await;
+                }
+            }
+            Poll::Ready(message) => ctx.send(message, slot, budget_permit).await,
+            Poll::Pending => {
+                let ctx = ctx.clone();
+                tasks.spawn(async move {
+                    let message = work.await;
+                    ctx.send(message, slot, budget_permit).await;
+                });
+            }
+        }
     };
+    batch.send(&ctx).await;
 
     match &ending {
         Ending::Disconnect => debug!(%peer, "NBD client disconnected"),
@@ -533,16 +629,43 @@ async fn write_replies(
     timeout: Duration,
     peer: SocketAddr,
 ) {
-    while let Some(reply) = replies.recv().await {
+    let mut batch: Vec<Reply> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    while let Some(first) = replies.recv().await {
+        // Every reply already queued goes out with this one: small replies are gathered into
+        // one buffer, so a busy connection pays one send for many of them.
+        batch.push(first);
+        while batch.len() < REPLY_BATCH_MAX {
+            match replies.try_recv() {
+                Ok(reply) => batch.push(reply),
+                Err(_) => break,
+            }
+        }
         let sent = tokio::time::timeout(timeout, async {
-            writer.write_all(&reply.message).await?;
-            // Batch while more replies are queued; flush (TLS records) before going idle.
+            for reply in &batch {
+                if reply.message.len() <= REPLY_GATHER_BYTES_MAX {
+                    out.extend_from_slice(&reply.message);
+                    continue;
+                }
+                if !out.is_empty() {
+                    writer.write_all(&out).await?;
+                    out.clear();
+                }
+                writer.write_all(&reply.message).await?;
+            }
+            if !out.is_empty() {
+                writer.write_all(&out).await?;
+                out.clear();
+            }
+            // Flush (TLS records) before going idle.
             if replies.is_empty() {
                 writer.flush().await?;
             }
             Ok::<(), std::io::Error>(())
         })
         .await;
+        // The replies are out: their permits go back to the reader.
+        batch.clear();
         match sent {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

@@ -1,7 +1,9 @@
 //! A backend with asynchronous reads and writes is awaited on the connection's task: real
 //! clients (nbdcopy over several connections, qemu-io patterns) read back what they wrote,
 //! every read and write went through the asynchronous path, and errors from it reach the
-//! client as protocol errors.
+//! client as protocol errors. A backend whose calls complete at once (reads served from
+//! memory) is answered by the connection's reader in batches; that holds up with far more
+//! requests in flight than the connection's slots and byte budget allow.
 
 mod common;
 
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::*;
+use stria_nbd::wire::{CMD_READ, REPLY_TYPE_OFFSET_DATA, RequestHeader};
 use stria_nbd::{Backend, BackendError, BackendFuture, Export, Exports, Extent, MemBackend};
 
 /// MemBackend behind the asynchronous hooks, counting their use; writes at `poison` fail.
@@ -17,6 +20,8 @@ struct AsyncMem {
     async_reads: AtomicU64,
     async_writes: AtomicU64,
     poison: u64,
+    /// Complete without yielding, as a read served from memory does.
+    ready: bool,
 }
 
 impl Backend for AsyncMem {
@@ -44,7 +49,9 @@ impl Backend for AsyncMem {
     fn read_async<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
         self.async_reads.fetch_add(1, Ordering::Relaxed);
         Some(Box::pin(async move {
-            tokio::task::yield_now().await;
+            if !self.ready {
+                tokio::task::yield_now().await;
+            }
             self.inner.read(offset, buf)
         }))
     }
@@ -56,7 +63,9 @@ impl Backend for AsyncMem {
     ) -> Option<BackendFuture<'a>> {
         self.async_writes.fetch_add(1, Ordering::Relaxed);
         Some(Box::pin(async move {
-            tokio::task::yield_now().await;
+            if !self.ready {
+                tokio::task::yield_now().await;
+            }
             if offset == self.poison {
                 return Err(BackendError::no_space("poisoned offset"));
             }
@@ -73,6 +82,7 @@ fn reads_and_writes_take_the_async_path() {
         async_reads: AtomicU64::new(0),
         async_writes: AtomicU64::new(0),
         poison: 16 * 1024 * 1024,
+        ready: false,
     });
     let exports = Exports::new();
     let export = Export {
@@ -113,5 +123,91 @@ fn reads_and_writes_take_the_async_path() {
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("No space left on device"), "{text}");
     assert!(text.contains("read 4096/4096"), "the connection kept serving: {text}");
+    server.stop();
+}
+
+#[test]
+fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
+    let size = 16 * 1024 * 1024;
+    let backend = Arc::new(AsyncMem {
+        inner: MemBackend::new(size),
+        async_reads: AtomicU64::new(0),
+        async_writes: AtomicU64::new(0),
+        poison: u64::MAX,
+        ready: true,
+    });
+    let exports = Exports::new();
+    let export = Export {
+        backend: backend.clone(),
+        description: String::new(),
+        read_only: false,
+        acl: loopback_acl(),
+    };
+    exports.insert("a", export).expect("insert");
+    // nbdcopy keeps up to 64 requests in flight: far past two slots, so the reader must
+    // hand its batch (which holds the slots of its replies) over whenever it runs out.
+    let config =
+        stria_nbd::ServerConfig { in_flight_requests_per_connection_max: 2, ..Default::default() };
+    let server = TestServer::start(exports, config);
+    let dir = TempDir::new("batched");
+    let image = dir.join("in.img");
+    std::fs::write(&image, pseudo_random(size as usize, 11)).expect("image");
+    let uri = server.uri("a");
+    tool_ok("nbdcopy", &["--connections=2", &image.display().to_string(), &uri]);
+    let back = dir.join("back.img");
+    tool_ok("nbdcopy", &["--connections=2", &uri, &back.display().to_string()]);
+    let (a, b) = (std::fs::read(&image).expect("a"), std::fs::read(&back).expect("b"));
+    assert!(a == b, "data read back through batched replies differs");
+    // Many small reads in one pipeline: every reply arrives, each with its own data.
+    let out = tool_ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "aio_write -P 0x31 0 4k",
+            "-c",
+            "aio_write -P 0x32 4k 4k",
+            "-c",
+            "aio_write -P 0x33 8k 4k",
+            "-c",
+            "aio_flush",
+            "-c",
+            "aio_read -P 0x31 0 4k",
+            "-c",
+            "aio_read -P 0x32 4k 4k",
+            "-c",
+            "aio_read -P 0x33 8k 4k",
+            "-c",
+            "aio_flush",
+        ],
+    );
+    assert_eq!(out.matches("read 4096/4096").count(), 3, "{out}");
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    // 64 reads sent in one segment: the reader parses them from its buffer without waiting,
+    // so it runs out of slots while its batch holds them.
+    let mut client = RawClient::open(server.addr, "a", true);
+    let mut pipeline = Vec::new();
+    for handle in 0..64u64 {
+        let header =
+            RequestHeader { flags: 0, kind: CMD_READ, handle, offset: handle * 8192, length: 4096 };
+        pipeline.extend_from_slice(&header.encode());
+    }
+    client.send(&pipeline);
+    let mut answered = vec![false; 64];
+    for _ in 0..64 {
+        match client.reply() {
+            ServerReply::Chunk { kind: REPLY_TYPE_OFFSET_DATA, handle, payload, .. } => {
+                let offset = handle * 8192;
+                assert_eq!(&payload[..8], &offset.to_be_bytes(), "reply {handle}'s offset");
+                let stored = read_backend(&backend.inner, offset, 4096);
+                assert!(payload[8..] == stored[..], "reply {handle}'s data");
+                assert!(!std::mem::replace(&mut answered[handle as usize], true), "{handle} twice");
+            }
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    assert!(backend.async_reads.load(Ordering::Relaxed) > 0);
     server.stop();
 }
