@@ -19,6 +19,12 @@ pub(crate) struct Allocator {
     pending_blocks: u64,
     /// Large allocations start on a multiple of this (one full RAID stripe of data).
     stripe_blocks: u64,
+    /// Where the next search for stripe-aligned space starts (next fit): a free map that
+    /// random overwrites fragmented would otherwise be walked from its start on every
+    /// full-stripe allocation.
+    stripe_cursor: u64,
+    /// Set when a search found no wholly free stripe; cleared when blocks are freed.
+    no_free_stripe: bool,
 }
 
 impl Allocator {
@@ -36,6 +42,8 @@ impl Allocator {
             pending: Vec::new(),
             pending_blocks: 0,
             stripe_blocks: stripe_blocks.max(1),
+            stripe_cursor: 0,
+            no_free_stripe: false,
         };
         let mut at = start;
         for (s, n) in used {
@@ -65,7 +73,8 @@ impl Allocator {
     }
 
     /// Takes `n` blocks, as few runs as it can: a stripe-aligned run for writes of a stripe or
-    /// more (so the array sees full-stripe writes), else the lowest-addressed run that fits
+    /// more (so the array sees full-stripe writes; the search goes on from where the last one
+    /// stopped), else the lowest-addressed run that fits
     /// (keeps small chunks packed at the bottom, large free areas intact), else several runs.
     /// None when fewer than `n` blocks are free; then nothing is taken.
     pub(crate) fn allocate(&mut self, n: u64) -> Option<Vec<Run>> {
@@ -75,13 +84,9 @@ impl Allocator {
         if n > self.free_blocks {
             return None;
         }
-        let stripe = self.stripe_blocks;
         let mut pick = None;
-        if n >= stripe {
-            pick = self.free.iter().find_map(|(&s, &len)| {
-                let aligned = s.div_ceil(stripe) * stripe;
-                (aligned + n <= s + len).then_some(aligned)
-            });
+        if n >= self.stripe_blocks {
+            pick = self.find_aligned(n);
         }
         if pick.is_none() {
             pick = self.free.iter().find(|&(_, &len)| len >= n).map(|(&s, _)| s);
@@ -108,16 +113,40 @@ impl Allocator {
         Some(runs)
     }
 
-    /// Takes the lowest whole free stripe (stripe-aligned, `stripe_blocks` long) and returns
-    /// its first block; None when no stripe is wholly free.
+    /// Takes a whole free stripe (stripe-aligned, `stripe_blocks` long), the next one from
+    /// where the last search stopped, and returns its first block; None when no stripe is
+    /// wholly free.
     pub(crate) fn allocate_stripe(&mut self) -> Option<u64> {
-        let stripe = self.stripe_blocks;
-        let at = self.free.iter().find_map(|(&s, &len)| {
-            let aligned = s.div_ceil(stripe) * stripe;
-            (aligned + stripe <= s + len).then_some(aligned)
-        })?;
-        self.take(at, stripe);
+        let at = self.find_aligned(self.stripe_blocks)?;
+        self.take(at, self.stripe_blocks);
         Some(at)
+    }
+
+    /// The first stripe-aligned free space of `n` blocks (`n` at least a stripe) at or after
+    /// the cursor, else from the start; moves the cursor past it.
+    fn find_aligned(&mut self, n: u64) -> Option<u64> {
+        if self.no_free_stripe {
+            return None;
+        }
+        let stripe = self.stripe_blocks;
+        let fits = |(&s, &len): (&u64, &u64)| {
+            let aligned = s.div_ceil(stripe) * stripe;
+            (aligned + n <= s + len).then_some(aligned)
+        };
+        let cursor = self.stripe_cursor;
+        // A run starting before the cursor is searched on the way round.
+        let found = self
+            .free
+            .range(cursor..)
+            .find_map(fits)
+            .or_else(|| self.free.range(..cursor).find_map(fits));
+        match found {
+            Some(at) => self.stripe_cursor = at + n,
+            // No space of a stripe or more is free: no larger one either.
+            None if n == stripe => self.no_free_stripe = true,
+            None => {}
+        }
+        found
     }
 
     /// Returns blocks that no map (durable or not) ever referenced, e.g. after a failed write.
@@ -166,6 +195,7 @@ impl Allocator {
         if n == 0 {
             return;
         }
+        self.no_free_stripe = false;
         let added = n;
         if let Some((&ps, &pl)) = self.free.range(..=s).next_back() {
             assert!(ps + pl <= s, "allocator: blocks {s}+{n} freed twice");
@@ -222,6 +252,23 @@ mod tests {
         a.release(&pending);
         assert_eq!(a.free_blocks(), 4);
         assert_eq!(a.allocate(4), Some(vec![(0, 4)]));
+    }
+
+    #[test]
+    fn stripe_searches_go_on_from_the_last_one_and_wrap_around() {
+        let mut a = Allocator::with_used(0, 64, 8, vec![]).expect("valid");
+        assert_eq!(a.allocate_stripe(), Some(0));
+        assert_eq!(a.allocate_stripe(), Some(8));
+        a.release(&[(0, 8)]);
+        assert_eq!(a.allocate_stripe(), Some(16), "the search goes on past the last stripe");
+        assert_eq!(a.allocate(16), Some(vec![(24, 16)]), "large allocations too");
+        assert_eq!(a.allocate_stripe(), Some(40));
+        assert_eq!(a.allocate_stripe(), Some(48));
+        assert_eq!(a.allocate_stripe(), Some(56));
+        assert_eq!(a.allocate_stripe(), Some(0), "then it wraps around");
+        assert_eq!(a.allocate_stripe(), None);
+        a.release(&[(8, 8)]);
+        assert_eq!(a.allocate_stripe(), Some(8), "freed blocks end a fruitless search");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::BLOCK;
+use crate::hash::WordHash;
 
 /// Requests of at most this many blocks (64 KiB) fill the cache.
 pub(crate) const SMALL_IO_BLOCKS: u64 = 16;
@@ -51,7 +52,7 @@ pub struct ReadCacheStats {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<u64, Slot>,
+    map: HashMap<u64, Slot, WordHash>,
     /// Keys in CLOCK order; may hold keys no longer in `map` (reused first).
     ring: Vec<u64>,
     hand: usize,
@@ -105,9 +106,36 @@ impl BlockCache {
     }
 
     fn shard(&self, block: u64) -> &Mutex<Shard> {
-        // Consecutive blocks land in different shards.
-        let h = block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        &self.shards[h as usize % SHARDS]
+        &self.shards[shard_of(block)]
+    }
+
+    /// Copies the blocks from `first` on into `out` (whole blocks) if every one is cached.
+    /// A long run takes each shard's lock once instead of once per block.
+    pub(crate) fn get_run(&self, first: u64, out: &mut [u8]) -> bool {
+        let count = out.len() / BLOCK;
+        if count < SHARDS {
+            return out
+                .chunks_exact_mut(BLOCK)
+                .enumerate()
+                .all(|(k, b)| self.get(first + k as u64, b));
+        }
+        let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
+        for (k, dest) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let block = first + k as u64;
+            match shards[shard_of(block)].map.get_mut(&block) {
+                Some(slot) => {
+                    slot.referenced = true;
+                    dest.copy_from_slice(&slot.data);
+                }
+                None => {
+                    self.hits.fetch_add(k as u64, Ordering::Relaxed);
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            }
+        }
+        self.hits.fetch_add(count as u64, Ordering::Relaxed);
+        true
     }
 
     /// Copies block `block` into `out` (one block) if cached.
@@ -202,6 +230,11 @@ impl Shard {
     }
 }
 
+/// Consecutive blocks land in different shards.
+fn shard_of(block: u64) -> usize {
+    (block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SHARDS
+}
+
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -209,6 +242,22 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_is_found_only_when_every_block_is_cached() {
+        let cache = BlockCache::default();
+        cache.set_capacity_bytes(1 << 20);
+        let run: Vec<u8> = (0..40u8).flat_map(block).collect();
+        cache.put(100, &run);
+        let mut out = vec![0u8; run.len()];
+        assert!(cache.get_run(100, &mut out));
+        assert!(out == run);
+        let mut short = vec![0u8; 4 * BLOCK];
+        assert!(cache.get_run(136, &mut short) && short[..] == run[36 * BLOCK..]);
+        cache.invalidate(120, 1);
+        assert!(!cache.get_run(100, &mut out), "a run with a missing block is a miss");
+        assert!(!cache.get_run(138, &mut short), "so is one running past the cached blocks");
+    }
 
     #[test]
     fn fill_uses_free_room_only_and_never_evicts() {

@@ -279,9 +279,10 @@ impl Engine {
     }
 
     fn lock_index(chunk: ChunkId) -> usize {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut h = crate::hash::WordHasher::default();
         chunk.hash(&mut h);
-        (h.finish() % CHUNK_LOCK_STRIPES as u64) as usize
+        // The high bits: the record cache's maps of one stripe index by the low ones.
+        ((h.finish() >> 40) % CHUNK_LOCK_STRIPES as u64) as usize
     }
 
     /// The committed record of `chunk`, from the record cache or the chunk map; the caller
@@ -400,12 +401,7 @@ impl Engine {
     ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
         let small = count <= SMALL_IO_BLOCKS;
-        if self.cache.enabled()
-            && out
-                .chunks_exact_mut(BLOCK)
-                .enumerate()
-                .all(|(k, b)| self.cache.get(first + k as u64, b))
-        {
+        if self.cache.enabled() && self.cache.get_run(first, out) {
             return Ok(true);
         }
         let parts = match &self.packer {
@@ -681,7 +677,7 @@ impl Engine {
     /// Deletes the record of `chunk` and parks its blocks; the chunk's lock is held exclusively.
     fn remove_locked(&self, chunk: ChunkId, rec: &ChunkRecord) -> Result<(), EngineError> {
         self.committer.commit(&self.db, MapOp::Delete(key(chunk)))?;
-        lock(&self.alloc).defer(&rec.physical_runs());
+        self.release_later(&rec.physical_runs());
         self.chunks.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -722,7 +718,7 @@ impl Engine {
         }
         let removed = ops.len() as u64;
         self.committer.commit_all(&self.db, ops)?;
-        lock(&self.alloc).defer(&runs);
+        self.release_later(&runs);
         self.chunks.fetch_sub(removed, Ordering::Relaxed);
         Ok(removed)
     }
@@ -925,8 +921,17 @@ impl Engine {
             self.chunks.fetch_add(1, Ordering::Relaxed);
         }
         replaced.sort_unstable();
-        lock(&self.alloc).defer(&runs_of(&replaced));
+        self.release_later(&runs_of(&replaced));
         Ok(())
+    }
+
+    /// Parks blocks no committed record names any more until the next durable commit, and
+    /// drops their read-cache entries, which no read can ask for again.
+    fn release_later(&self, runs: &[Run]) {
+        for &(start, n) in runs {
+            self.cache.invalidate(start, n);
+        }
+        lock(&self.alloc).defer(runs);
     }
 
     fn write_runs(&self, runs: &[Run], data: &[u8]) -> Result<(), EngineError> {

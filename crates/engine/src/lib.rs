@@ -25,6 +25,7 @@ mod cache;
 mod commit;
 mod engine;
 mod error;
+mod hash;
 mod packer;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
 #[doc(hidden)]

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use stria_proto::fs::ChunkId;
 
+use crate::hash::WordHash;
 use crate::record::{BlockRef, ChunkRecord};
 
 /// Record bytes one target's cache holds at most: 16 bytes per mapped 4 KiB block, so 64 MiB
@@ -25,7 +26,7 @@ pub(crate) const RECORD_CACHE_BYTES: usize = 64 << 20;
 
 #[derive(Default)]
 struct Shard {
-    records: HashMap<ChunkId, Arc<ChunkRecord>>,
+    records: HashMap<ChunkId, Arc<ChunkRecord>, WordHash>,
     bytes: usize,
 }
 
