@@ -2,10 +2,12 @@
 # scripts/bench-nbd.sh: fio nbd-engine rows (1 MiB sequential at iodepth 8, 4 KiB random at
 # iodepth 32) against Stria volumes on RAID 0 and RAID 6 targets and against `nbdkit file` (page
 # cache and cache=none) on the same disk, in one run. Needs fio, nbdkit (apt) and a release build
-# (cargo build --release -p stria). Env: STRIA (binary), SIZE (working set, 1g), RT (seconds, 10).
+# (cargo build --release -p stria). Env: STRIA (binary), SIZE (working set, 1g), RT (seconds, 10),
+# READ_CACHE (Stria's read cache, 2G: nbdkit reads through the kernel's page cache, which holds
+# the whole working set on this machine, so Stria gets a cache that can hold it too).
 set -u
 S=${STRIA:-$(dirname "$0")/../target/release/stria}
-SIZE=${SIZE:-1g} RT=${RT:-10}
+SIZE=${SIZE:-1g} RT=${RT:-10} READ_CACHE=${READ_CACHE:-2G}
 rows() {  # rows LABEL URI
   local label=$1 uri=$2
   for spec in "seqwrite write 1m 8" "seqread read 1m 8" "randwrite randwrite 4k 32" "randread randread 4k 32"; do
@@ -26,7 +28,7 @@ stria_rows() {  # stria_rows LEVEL DRIVES
   local level=$1 drives=$2 data=/var/tmp/nb-$1
   rm -rf $data; mkdir -p $data
   $S up --data $data --drives $drives --raid $level --drive-size 4G --no-mount --meta-listen 127.0.0.1:0 \
-     --storage-listen 127.0.0.1:0 --mgmt-listen 127.0.0.1:0 --nbd-listen 127.0.0.1:0 > $data.out 2>&1 &
+     --storage-listen 127.0.0.1:0 --mgmt-listen 127.0.0.1:0 --nbd-listen 127.0.0.1:0 --read-cache $READ_CACHE > $data.out 2>&1 &
   local pid=$!
   for i in $(seq 1 100); do [ -f $data/run.json ] && break; sleep 0.2; done
   $S volume create v --size 2G --data $data >/dev/null && $S export add v --data $data >/dev/null && \

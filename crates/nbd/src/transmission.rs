@@ -14,12 +14,13 @@
 //! writer's timeout then disconnects it.
 
 use std::future::Future;
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -199,11 +200,10 @@ pub(crate) fn descriptors(extents: &[Extent], requested: u32, req_one: bool) -> 
     out
 }
 
-/// Most replies the writer gathers for one round of sends.
+/// Most replies (or batches of them) the writer gathers for one round of sends.
 const REPLY_BATCH_MAX: usize = 64;
-/// Replies up to this size are copied into the writer's buffer and sent together; larger
-/// ones (big reads) are written from their own buffer.
-const REPLY_GATHER_BYTES_MAX: usize = 32 * 1024;
+/// Buffers one vectored write takes at most (Linux refuses more than 1024).
+const IO_SLICES_MAX: usize = 1024;
 
 /// Replies the reader gathers (bytes) before it hands them to the writer without waiting
 /// for its buffered requests to run out.
@@ -212,7 +212,7 @@ const REPLY_BATCH_BYTES: usize = 256 * 1024;
 /// One reply, or a batch of them, on its way to the socket, with the permits it keeps until
 /// it is sent.
 struct Reply {
-    message: Vec<u8>,
+    messages: Vec<Vec<u8>>,
     _slot: OwnedSemaphorePermit,
     _budget: Option<OwnedSemaphorePermit>,
 }
@@ -220,7 +220,8 @@ struct Reply {
 /// Replies of requests the reader completed itself, not yet handed to the writer.
 #[derive(Default)]
 struct Batch {
-    message: Vec<u8>,
+    messages: Vec<Vec<u8>>,
+    bytes: usize,
     slot: Option<OwnedSemaphorePermit>,
     budget: Option<OwnedSemaphorePermit>,
 }
@@ -232,11 +233,8 @@ impl Batch {
         slot: OwnedSemaphorePermit,
         budget: Option<OwnedSemaphorePermit>,
     ) {
-        if self.message.is_empty() {
-            self.message = message;
-        } else {
-            self.message.extend_from_slice(&message);
-        }
+        self.bytes += message.len();
+        self.messages.push(message);
         match &mut self.slot {
             Some(held) => held.merge(slot),
             None => self.slot = Some(slot),
@@ -251,8 +249,9 @@ impl Batch {
     /// Hands the gathered replies to the writer as one.
     async fn send(&mut self, ctx: &Ctx) {
         let Some(slot) = self.slot.take() else { return };
-        let message = std::mem::take(&mut self.message);
-        ctx.send(message, slot, self.budget.take()).await;
+        let messages = std::mem::take(&mut self.messages);
+        self.bytes = 0;
+        ctx.send_all(messages, slot, self.budget.take()).await;
     }
 }
 
@@ -282,8 +281,17 @@ impl Ctx {
         slot: OwnedSemaphorePermit,
         budget: Option<OwnedSemaphorePermit>,
     ) {
+        self.send_all(vec![message], slot, budget).await;
+    }
+
+    async fn send_all(
+        &self,
+        messages: Vec<Vec<u8>>,
+        slot: OwnedSemaphorePermit,
+        budget: Option<OwnedSemaphorePermit>,
+    ) {
         // Fails only when the writer is gone (client disconnected); the reply has no reader.
-        let _ = self.replies.send(Reply { message, _slot: slot, _budget: budget }).await;
+        let _ = self.replies.send(Reply { messages, _slot: slot, _budget: budget }).await;
     }
 }
 
@@ -441,7 +449,7 @@ pub(crate) async fn run(
         match std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
             Poll::Ready(message) if message.len() <= REPLY_BATCH_BYTES => {
                 batch.add(message, slot, budget_permit);
-                if batch.message.len() >= REPLY_BATCH_BYTES {
+                if batch.bytes >= REPLY_BATCH_BYTES {
                     batch.send(&ctx).await;
                 }
             }
@@ -630,10 +638,9 @@ async fn write_replies(
     peer: SocketAddr,
 ) {
     let mut batch: Vec<Reply> = Vec::new();
-    let mut out: Vec<u8> = Vec::new();
     while let Some(first) = replies.recv().await {
-        // Every reply already queued goes out with this one: small replies are gathered into
-        // one buffer, so a busy connection pays one send for many of them.
+        // Every reply already queued goes out with this one, in vectored writes: a busy
+        // connection pays one send for many replies and copies none of them.
         batch.push(first);
         while batch.len() < REPLY_BATCH_MAX {
             match replies.try_recv() {
@@ -642,21 +649,10 @@ async fn write_replies(
             }
         }
         let sent = tokio::time::timeout(timeout, async {
-            for reply in &batch {
-                if reply.message.len() <= REPLY_GATHER_BYTES_MAX {
-                    out.extend_from_slice(&reply.message);
-                    continue;
-                }
-                if !out.is_empty() {
-                    writer.write_all(&out).await?;
-                    out.clear();
-                }
-                writer.write_all(&reply.message).await?;
-            }
-            if !out.is_empty() {
-                writer.write_all(&out).await?;
-                out.clear();
-            }
+            let messages = batch.iter().flat_map(|r| &r.messages);
+            let mut slices: Vec<IoSlice<'_>> =
+                messages.filter(|m| !m.is_empty()).map(|m| IoSlice::new(m)).collect();
+            write_all_vectored(&mut writer, &mut slices).await?;
             // Flush (TLS records) before going idle.
             if replies.is_empty() {
                 writer.flush().await?;
@@ -682,6 +678,27 @@ async fn write_replies(
     // Dropping the receiver tells the reader (and every pending sender) to stop.
     drop(replies);
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.shutdown()).await;
+}
+
+/// Writes every byte of `slices`, in vectored writes of at most [`IO_SLICES_MAX`] buffers; a
+/// transport without vectored writes (TLS) gets them as one buffer, so one record.
+async fn write_all_vectored(
+    writer: &mut WriteHalf<Transport>,
+    mut slices: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    if !writer.is_write_vectored() && slices.len() > 1 {
+        let joined: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
+        return writer.write_all(&joined).await;
+    }
+    while !slices.is_empty() {
+        let take = slices.len().min(IO_SLICES_MAX);
+        let written = writer.write_vectored(&slices[..take]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
