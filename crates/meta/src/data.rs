@@ -134,6 +134,18 @@ impl Meta {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or_else(|| fs(FsStatus::TooBig, "offset overflow"))?;
+        if end > INLINE_DATA_MAX as u64 {
+            // The write is never applied here: a read says which way it goes, with no write
+            // transaction to begin and abort.
+            return self.read(|rx| {
+                let rec = rx.inode(ino)?;
+                regular(&rec)?;
+                Ok(match rec.body {
+                    Body::File(FileData::Inline(_)) => InlineWrite::MustSpill,
+                    _ => InlineWrite::Chunked,
+                })
+            });
+        }
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             regular(&rec)?;
@@ -181,6 +193,17 @@ impl Meta {
     /// After a chunk write that ended at `new_size`: grows the size (never shrinks it) and
     /// sets mtime. Returns the size now.
     pub fn extend_size(&self, ino: Ino, new_size: u64, mtime: Timestamp) -> Result<u64> {
+        // Mostly already there (a `SpillSized`, or an earlier close, published it): a read
+        // finds that with no write transaction to begin and abort.
+        let current = self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            regular(&rec)?;
+            Ok((rec.layout().is_some() && rec.size >= new_size && rec.mtime == mtime)
+                .then_some(rec.size))
+        })?;
+        if let Some(size) = current {
+            return Ok(size);
+        }
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             regular(&rec)?;
