@@ -98,17 +98,22 @@ pub(crate) async fn write(
     let done = loop {
         let waits: Vec<_> = {
             let mut state = inode.state();
-            state.in_flight.retain(|w| !w.finished());
+            // The ranges are disjoint and sorted, so their ends are sorted too: the
+            // overlapping ones are the last few that start before `end`.
             let waits: Vec<_> = state
                 .in_flight
-                .iter()
-                .filter(|w| w.start < end && offset < w.end)
-                .map(|w| w.done.clone())
+                .range(..end)
+                .rev()
+                .take_while(|(_, w)| w.end > offset)
+                .map(|(_, w)| w.done.clone())
                 .collect();
             if waits.is_empty() {
-                let (done, receiver) = tokio::sync::watch::channel(());
-                state.in_flight.push(InFlight { start: offset, end, done: receiver });
-                break Arc::new(done);
+                let (sender, receiver) = tokio::sync::watch::channel(());
+                let id = state.next_write_id;
+                state.next_write_id += 1;
+                state.in_flight.insert(offset, InFlight { end, id, done: receiver });
+                let inode = inode.clone();
+                break Arc::new(QueuedWrite { inode, start: offset, id, _done: sender });
             }
             waits
         };
@@ -162,6 +167,24 @@ pub(crate) async fn write(
         _ => Timestamp::now(),
     };
     Ok(())
+}
+
+/// Held by every piece of a queued write; the last one to finish takes the write's entry out
+/// of `in_flight` and then closes its channel, which lets overlapping writes go.
+struct QueuedWrite {
+    inode: Arc<InodeData>,
+    start: u64,
+    id: u64,
+    _done: tokio::sync::watch::Sender<()>,
+}
+
+impl Drop for QueuedWrite {
+    fn drop(&mut self) {
+        let mut state = self.inode.state();
+        if state.in_flight.get(&self.start).is_some_and(|w| w.id == self.id) {
+            state.in_flight.remove(&self.start);
+        }
+    }
 }
 
 async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8]) -> FsResult<()> {

@@ -1,6 +1,6 @@
 //! Open files: handles, and the per-inode state their writes and reads share.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -59,28 +59,25 @@ pub(crate) struct InodeState {
     /// reads are served from it (close-to-open: another client's writes show at the next
     /// open). Dropped by every write, truncate or spill.
     pub inline: Option<Vec<u8>>,
-    /// Byte ranges of queued chunk writes still in flight. A write that overlaps one waits
-    /// for it before it is sent, so overlapping writes reach the targets in the order they
-    /// were made (independent requests may otherwise overtake each other).
-    pub in_flight: Vec<InFlight>,
+    /// Queued chunk writes still in flight, by first byte. A write that overlaps one waits
+    /// for it before it is queued, so overlapping writes reach the targets in the order they
+    /// were made (independent requests may otherwise overtake each other), and the ranges
+    /// here never overlap. A write's entry leaves when its last piece has finished.
+    pub in_flight: BTreeMap<u64, InFlight>,
+    /// Tells the entries of `in_flight` apart (one range may be written again and again).
+    pub next_write_id: u64,
     /// This client created the file and set no extended attribute on it since: it has none
     /// (as far as close-to-open consistency goes: another client's setxattr meanwhile is
     /// seen at the next open).
     pub no_xattrs: bool,
 }
 
-/// A queued write's range; the receiver closes when the write has finished.
+/// A queued write's end and id; the receiver closes when the write has finished.
 #[derive(Debug)]
 pub(crate) struct InFlight {
-    pub start: u64,
     pub end: u64,
+    pub id: u64,
     pub done: tokio::sync::watch::Receiver<()>,
-}
-
-impl InFlight {
-    pub fn finished(&self) -> bool {
-        self.done.has_changed().is_err()
-    }
 }
 
 impl InodeData {
@@ -131,7 +128,8 @@ impl OpenFiles {
                         next_sequential: 0,
                         sequential_hits: 0,
                         inline: None,
-                        in_flight: Vec::new(),
+                        in_flight: BTreeMap::new(),
+                        next_write_id: 0,
                         no_xattrs: false,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
