@@ -184,8 +184,8 @@ impl BlockCache {
             let mut shard = lock(self.shard(block));
             if let Some(slot) = shard.map.get_mut(&block) {
                 slot.data.copy_from_slice(bytes);
-            } else if shard.ring.len() < capacity {
-                shard.insert(block, bytes, capacity);
+            } else {
+                shard.insert_into_room(block, bytes, capacity);
             }
         }
     }
@@ -201,7 +201,32 @@ impl BlockCache {
     }
 }
 
+/// Ring slots [`Shard::insert_into_room`] looks at for one whose block left the cache.
+const ROOM_PROBES: usize = 32;
+
 impl Shard {
+    /// Adds `block` if the shard holds fewer than `capacity` blocks, in a ring slot never used
+    /// or one whose block was dropped (invalidated blocks leave their key in the ring); never
+    /// evicts a cached block.
+    fn insert_into_room(&mut self, block: u64, bytes: &[u8], capacity: usize) {
+        if self.map.len() >= capacity {
+            return;
+        }
+        if self.ring.len() < capacity {
+            self.insert(block, bytes, capacity);
+            return;
+        }
+        for _ in 0..ROOM_PROBES.min(self.ring.len()) {
+            let at = self.hand % self.ring.len();
+            self.hand = at + 1;
+            if !self.map.contains_key(&self.ring[at]) {
+                self.ring[at] = block;
+                self.map.insert(block, Slot { data: bytes.into(), referenced: false });
+                return;
+            }
+        }
+    }
+
     fn insert(&mut self, block: u64, bytes: &[u8], capacity: usize) {
         let slot = Slot { data: bytes.into(), referenced: false };
         if self.ring.len() < capacity {
@@ -275,6 +300,26 @@ mod tests {
         cache.fill(1_000_000, &block(4));
         assert!(cache.get(1_000_000, &mut out));
         assert_eq!(out, block(4), "a fill replaces what it overwrites");
+    }
+
+    /// Blocks dropped from the cache (freed by overwrites) make room for fills again, though
+    /// their keys stay in the CLOCK ring.
+    #[test]
+    fn fill_reuses_the_room_of_dropped_blocks() {
+        let cache = BlockCache::default();
+        let capacity_blocks = 8 * SHARDS as u64;
+        cache.set_capacity_bytes(capacity_blocks * BLOCK as u64);
+        let mut out = block(0);
+        for round in 0..4u64 {
+            let first = round * 10_000;
+            cache.fill(first, &vec![round as u8; 4 * capacity_blocks as usize * BLOCK]);
+            let held = (first..first + 4 * capacity_blocks)
+                .filter(|&b| cache.get(b, &mut out))
+                .count() as u64;
+            assert!(held > capacity_blocks / 2, "round {round}: a fill held {held} blocks");
+            cache.invalidate(first, 4 * capacity_blocks);
+            assert_eq!(cache.held_bytes(), 0);
+        }
     }
 
     fn block(byte: u8) -> Vec<u8> {

@@ -17,7 +17,7 @@ use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META, MapOp};
 use crate::packer::{Cached, Packer};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
-use crate::records::{RECORD_CACHE_BYTES, RecordCache};
+use crate::records::RecordCache;
 use crate::superblock::{FORMAT_VERSION, Superblock};
 use crate::{BLOCK, EngineError};
 
@@ -262,7 +262,7 @@ impl Engine {
             db: ManuallyDrop::new(db),
             sb,
             locks: (0..CHUNK_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            records: RecordCache::new(CHUNK_LOCK_STRIPES, RECORD_CACHE_BYTES),
+            records: RecordCache::for_target(CHUNK_LOCK_STRIPES),
             alloc: Mutex::new(alloc),
             committer: Committer::default(),
             chunks: AtomicU64::new(chunks),

@@ -8,21 +8,22 @@
 //! commit succeeded. A cached record is therefore always the committed one; a failed commit
 //! leaves nothing behind, and the next read loads from the map again.
 //!
-//! Each shard holds at most `bytes_max / shards` bytes of records (their block vectors); past
-//! that, other entries of the shard are dropped. A record larger than a shard's share is not
-//! kept at all.
+//! Each shard holds its share of the target's record budget (their block vectors), and at
+//! least room for one record of the largest chunk; past that, other entries of the shard are
+//! dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use stria_proto::fs::ChunkId;
+use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId};
 
 use crate::hash::WordHash;
 use crate::record::{BlockRef, ChunkRecord};
 
-/// Record bytes one target's cache holds at most: 16 bytes per mapped 4 KiB block, so 64 MiB
-/// describes 16 GiB of chunk data.
-pub(crate) const RECORD_CACHE_BYTES: usize = 64 << 20;
+/// Record bytes one target's cache holds, about: 24 bytes per 4 KiB block, so 64 MiB describes
+/// some 10 GiB of chunk data. Each shard may also hold one record of the largest chunk, so
+/// the most it can hold is 1024 shards of 96 KiB, 96 MiB.
+const RECORD_CACHE_BYTES: usize = 64 << 20;
 
 #[derive(Default)]
 struct Shard {
@@ -37,15 +38,26 @@ pub(crate) struct RecordCache {
 
 /// What a record costs the cache: its block vector and a fixed overhead for the entry.
 fn cost(rec: &ChunkRecord) -> usize {
-    rec.blocks.capacity() * std::mem::size_of::<Option<BlockRef>>() + 64
+    block_cost(rec.blocks.capacity())
 }
 
+const fn block_cost(blocks: usize) -> usize {
+    blocks * std::mem::size_of::<Option<BlockRef>>() + 64
+}
+
+/// The cost of a record of a chunk of the largest size.
+const LARGEST_RECORD_COST: usize = block_cost(CHUNK_BYTES_MAX as usize / crate::BLOCK);
+
 impl RecordCache {
-    pub(crate) fn new(shards: usize, bytes_max: usize) -> RecordCache {
-        RecordCache {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
-            shard_bytes_max: bytes_max / shards.max(1),
-        }
+    /// The cache of one target, in `shards` shards: [`RECORD_CACHE_BYTES`] split over them,
+    /// and room in each for a record of the largest chunk.
+    pub(crate) fn for_target(shards: usize) -> RecordCache {
+        let share = (RECORD_CACHE_BYTES / shards.max(1)).max(LARGEST_RECORD_COST);
+        RecordCache::new(shards, share)
+    }
+
+    fn new(shards: usize, shard_bytes_max: usize) -> RecordCache {
+        RecordCache { shards: (0..shards).map(|_| Mutex::default()).collect(), shard_bytes_max }
     }
 
     fn shard(&self, shard: usize) -> MutexGuard<'_, Shard> {
@@ -125,7 +137,7 @@ mod tests {
 
     #[test]
     fn take_removes_and_replacing_recharges() {
-        let cache = RecordCache::new(4, 1 << 20);
+        let cache = RecordCache::new(4, 1 << 18);
         cache.put(2, chunk(1), record(8));
         cache.put(2, chunk(1), record(32));
         assert_eq!(cache.held(), (1, cost(&record(32))), "a replaced record is no longer charged");
@@ -136,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_record_past_the_share_is_not_kept_and_drops_its_stale_copy() {
-        let cache = RecordCache::new(2, 2 * cost(&record(4)));
+        let cache = RecordCache::new(2, cost(&record(4)));
         cache.put(1, chunk(3), record(4));
         cache.put(1, chunk(3), record(1024));
         assert!(cache.get(1, chunk(3)).is_none(), "no stale record is left behind");

@@ -23,8 +23,8 @@ use crate::{handshake, transmission};
 pub struct ServerConfig {
     /// From accept to entering transmission; idle or slow handshakes are dropped after it.
     pub handshake_timeout: Duration,
-    /// Longest a single reply may take to be accepted by the client's socket. A client that
-    /// stops reading is disconnected after it, so it cannot pin server memory.
+    /// Longest the client's socket may take to accept any of the replies being sent. A client
+    /// that stops reading is disconnected after it, so it cannot pin server memory.
     pub reply_write_timeout: Duration,
     /// Longest a WRITE payload may take to arrive once its header has; a client that stalls
     /// mid-payload is disconnected (nothing of that write reaches the backend).

@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -384,6 +385,9 @@ pub(crate) async fn run(
             Ok(command) => command,
             Err(refusal) => {
                 if h.kind == CMD_WRITE {
+                    if reader.buffer().len() < h.length as usize {
+                        batch.send(&ctx).await;
+                    }
                     let mut payload = (&mut reader).take(h.length as u64);
                     let skipped = tokio::time::timeout(
                         config.payload_read_timeout,
@@ -445,8 +449,17 @@ pub(crate) async fn run(
         let task_ctx = ctx.clone();
         let mut work =
             Box::pin(async move { execute(&task_ctx, h.handle, command, payload).await });
-        // One poll here: a request served from memory completes in it and joins the batch.
-        match std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+        // One poll here: a request served from memory completes in it and joins the batch. A
+        // panic in the backend fails this request (EIO), not the connection.
+        let polled = std::future::poll_fn(|cx| {
+            Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))))
+        })
+        .await;
+        let polled = polled.unwrap_or_else(|_| {
+            warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, "NBD backend panicked");
+            Poll::Ready(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed"))
+        });
+        match polled {
             Poll::Ready(message) if message.len() <= REPLY_BATCH_BYTES => {
                 batch.add(message, slot, budget_permit);
                 if batch.bytes >= REPLY_BATCH_BYTES {
@@ -648,29 +661,28 @@ async fn write_replies(
                 Err(_) => break,
             }
         }
-        let sent = tokio::time::timeout(timeout, async {
-            let messages = batch.iter().flat_map(|r| &r.messages);
-            let mut slices: Vec<IoSlice<'_>> =
-                messages.filter(|m| !m.is_empty()).map(|m| IoSlice::new(m)).collect();
-            write_all_vectored(&mut writer, &mut slices).await?;
-            // Flush (TLS records) before going idle.
-            if replies.is_empty() {
-                writer.flush().await?;
-            }
-            Ok::<(), std::io::Error>(())
-        })
-        .await;
+        let messages = batch.iter().flat_map(|r| &r.messages);
+        let mut slices: Vec<IoSlice<'_>> =
+            messages.filter(|m| !m.is_empty()).map(|m| IoSlice::new(m)).collect();
+        let mut sent = write_all_vectored(&mut writer, &mut slices, timeout).await;
+        // Flush (TLS records) before going idle.
+        if sent.is_ok() && replies.is_empty() {
+            sent = match tokio::time::timeout(timeout, writer.flush()).await {
+                Ok(flushed) => flushed,
+                Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+            };
+        }
         // The replies are out: their permits go back to the reader.
         batch.clear();
         match sent {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                debug!(%peer, error = %e, "NBD reply write failed");
-                break;
-            }
-            Err(_) => {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                 warn!(%peer, timeout_s = timeout.as_secs_f64(),
                     "NBD client is not reading replies; disconnecting");
+                break;
+            }
+            Err(e) => {
+                debug!(%peer, error = %e, "NBD reply write failed");
                 break;
             }
         }
@@ -680,19 +692,33 @@ async fn write_replies(
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.shutdown()).await;
 }
 
-/// Writes every byte of `slices`, in vectored writes of at most [`IO_SLICES_MAX`] buffers; a
-/// transport without vectored writes (TLS) gets them as one buffer, so one record.
+/// Writes every byte of `slices`, in vectored writes of at most [`IO_SLICES_MAX`] buffers (a
+/// transport without vectored writes gets them joined into one buffer). Each write must make
+/// progress within `timeout`, else `TimedOut`: a slow reader is served, one that stopped is not.
 async fn write_all_vectored(
     writer: &mut WriteHalf<Transport>,
-    mut slices: &mut [IoSlice<'_>],
+    slices: &mut [IoSlice<'_>],
+    timeout: Duration,
 ) -> std::io::Result<()> {
     if !writer.is_write_vectored() && slices.len() > 1 {
         let joined: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
-        return writer.write_all(&joined).await;
+        return write_slices(writer, &mut [IoSlice::new(&joined)], timeout).await;
     }
+    write_slices(writer, slices, timeout).await
+}
+
+async fn write_slices(
+    writer: &mut WriteHalf<Transport>,
+    mut slices: &mut [IoSlice<'_>],
+    timeout: Duration,
+) -> std::io::Result<()> {
     while !slices.is_empty() {
         let take = slices.len().min(IO_SLICES_MAX);
-        let written = writer.write_vectored(&slices[..take]).await?;
+        let written =
+            match tokio::time::timeout(timeout, writer.write_vectored(&slices[..take])).await {
+                Ok(written) => written?,
+                Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+            };
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
