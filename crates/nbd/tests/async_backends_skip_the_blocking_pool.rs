@@ -22,6 +22,8 @@ struct AsyncMem {
     poison: u64,
     /// Complete without yielding, as a read served from memory does.
     ready: bool,
+    /// A 512-byte read here panics.
+    read_panic: u64,
 }
 
 impl Backend for AsyncMem {
@@ -52,6 +54,8 @@ impl Backend for AsyncMem {
             if !self.ready {
                 tokio::task::yield_now().await;
             }
+            let poisoned = offset == self.read_panic && buf.len() == 512;
+            assert!(!poisoned, "a 512-byte read at the poisoned offset fails hard");
             self.inner.read(offset, buf)
         }))
     }
@@ -83,6 +87,7 @@ fn reads_and_writes_take_the_async_path() {
         async_writes: AtomicU64::new(0),
         poison: 16 * 1024 * 1024,
         ready: false,
+        read_panic: u64::MAX,
     });
     let exports = Exports::new();
     let export = Export {
@@ -135,6 +140,7 @@ fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
         async_writes: AtomicU64::new(0),
         poison: u64::MAX,
         ready: true,
+        read_panic: 8 * 1024 * 1024,
     });
     let exports = Exports::new();
     let export = Export {
@@ -208,6 +214,10 @@ fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
             other => panic!("unexpected reply {other:?}"),
         }
     }
+    // A backend that panics fails that request with EIO; the connection goes on.
+    assert_eq!(client.read(100, 8 * 1024 * 1024, 512), Err(5), "EIO for the failed read");
+    let stored = read_backend(&backend.inner, 4096, 4096);
+    assert_eq!(client.read(101, 4096, 4096).as_deref(), Ok(&stored[..]));
     assert!(backend.async_reads.load(Ordering::Relaxed) > 0);
     server.stop();
 }
