@@ -938,13 +938,14 @@ impl Engine {
         let small = (data.len() / BLOCK) as u64 <= SMALL_IO_BLOCKS;
         let mut at = 0usize;
         for &(start, n) in runs {
-            // The cache follows every write: small ones are kept, large ones replace what they
-            // overwrite (freed blocks may still have entries) and take only free room.
-            let bytes = &data[at..at + n as usize * BLOCK];
+            // The cache follows every write: small ones are kept, large ones only drop what they
+            // overwrite (freed blocks may still have entries). Copying large writes in halved
+            // 1 MiB sequential writes through the mount (cache memory is allocated as it
+            // fills); large reads fill free room instead.
             if small {
-                self.cache.put(start, bytes);
+                self.cache.put(start, &data[at..at + n as usize * BLOCK]);
             } else {
-                self.cache.fill(start, bytes);
+                self.cache.invalidate(start, n);
             }
             let len = n as usize * BLOCK;
             let mut done = 0usize;
