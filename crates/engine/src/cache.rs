@@ -3,11 +3,12 @@
 //! The target's page cache for small files and random 4 KiB I/O: blocks read by requests of
 //! at most [`SMALL_IO_BLOCKS`] blocks, and blocks written the same way (packed stripes as they
 //! reach the array, small ordinary writes), are kept so the next read of them costs no array
-//! I/O. Large reads only fill room the cache has free ([`BlockCache::fill`]): they never
-//! evict, so streaming a big file does not flush the small-file working set, while a cache
-//! larger than the data (a volume's working set, say) ends up holding all of it. Large writes
-//! only drop the entries of blocks they overwrite: copying them in cost half the speed of
-//! 1 MiB sequential writes through the mount.
+//! I/O. Large reads only fill room the cache has free ([`BlockCache::fill`]), and only with
+//! blocks read a second time: they never evict, so streaming a big file does not flush the
+//! small-file working set and a single pass pays no copy, while a cache larger than the data
+//! (a volume's working set, say) ends up holding all of it. Large writes only drop the entries
+//! of blocks they overwrite: copying them in cost half the speed of 1 MiB sequential writes
+//! through the mount.
 //!
 //! Correctness rests on one rule: every array write of a data block goes through the engine,
 //! which updates or drops the block's entry right after the write (`Engine::write_runs`, the
@@ -19,7 +20,7 @@
 //! Eviction is CLOCK (second chance) per shard; the capacity is set at run time
 //! (`Engine::set_read_cache_bytes`, 0 = off, the default).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -58,6 +59,9 @@ struct Shard {
     /// Keys in CLOCK order; may hold keys no longer in `map` (reused first).
     ring: Vec<u64>,
     hand: usize,
+    /// Blocks a fill met once and did not cache: the next fill of one caches it. So a single
+    /// streaming pass costs a set insert per block, not a copy into fresh memory.
+    seen: HashSet<u64, WordHash>,
 }
 
 #[derive(Debug)]
@@ -175,7 +179,8 @@ impl BlockCache {
     }
 
     /// As [`BlockCache::put`], but only into free room: blocks already cached are replaced,
-    /// new ones are added while their shard has room, and nothing is evicted. For large I/O.
+    /// new ones are added from their second fill on while their shard has room, and nothing is
+    /// evicted. For large reads.
     pub(crate) fn fill(&self, first: u64, data: &[u8]) {
         let capacity = self.per_shard.load(Ordering::Relaxed);
         if capacity == 0 {
@@ -186,8 +191,14 @@ impl BlockCache {
             let mut shard = lock(self.shard(block));
             if let Some(slot) = shard.map.get_mut(&block) {
                 slot.data.copy_from_slice(bytes);
-            } else {
+            } else if shard.seen.remove(&block) {
                 shard.insert_into_room(block, bytes, capacity);
+            } else {
+                // A few bytes per block: it may remember several times what the cache holds.
+                if shard.seen.len() >= SEEN_PER_CAPACITY * capacity {
+                    shard.seen.clear();
+                }
+                shard.seen.insert(block);
             }
         }
     }
@@ -202,6 +213,9 @@ impl BlockCache {
         }
     }
 }
+
+/// How many blocks per block of capacity a shard's `seen` set remembers before it starts over.
+const SEEN_PER_CAPACITY: usize = 4;
 
 /// Ring slots [`Shard::insert_into_room`] looks at for one whose block left the cache.
 const ROOM_PROBES: usize = 32;
@@ -294,6 +308,8 @@ mod tests {
         let mut out = block(0);
         cache.put(1_000_000, &block(9));
         cache.fill(0, &vec![5u8; 2 * capacity_blocks as usize * BLOCK]);
+        assert_eq!(cache.held_bytes(), BLOCK as u64, "a block's first fill only notes it");
+        cache.fill(0, &vec![5u8; 2 * capacity_blocks as usize * BLOCK]);
         assert!(cache.get(1_000_000, &mut out), "a block put earlier is not evicted by a fill");
         assert_eq!(out, block(9));
         assert!(cache.held_bytes() <= capacity_blocks * BLOCK as u64);
@@ -314,12 +330,14 @@ mod tests {
         let mut out = block(0);
         for round in 0..4u64 {
             let first = round * 10_000;
-            cache.fill(first, &vec![round as u8; 4 * capacity_blocks as usize * BLOCK]);
-            let held = (first..first + 4 * capacity_blocks)
+            for _ in 0..2 {
+                cache.fill(first, &vec![round as u8; 2 * capacity_blocks as usize * BLOCK]);
+            }
+            let held = (first..first + 2 * capacity_blocks)
                 .filter(|&b| cache.get(b, &mut out))
                 .count() as u64;
             assert!(held > capacity_blocks / 2, "round {round}: a fill held {held} blocks");
-            cache.invalidate(first, 4 * capacity_blocks);
+            cache.invalidate(first, 2 * capacity_blocks);
             assert_eq!(cache.held_bytes(), 0);
         }
     }
