@@ -163,25 +163,18 @@ impl BlockCache {
 
     /// Caches the blocks of `data` (whole blocks) from array block `first` on.
     pub(crate) fn put(&self, first: u64, data: &[u8]) {
-        let capacity = self.per_shard.load(Ordering::Relaxed);
-        if capacity == 0 {
-            return;
-        }
-        for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
-            let block = first + i as u64;
-            let mut shard = lock(self.shard(block));
-            if let Some(slot) = shard.map.get_mut(&block) {
-                slot.data.copy_from_slice(bytes);
-                continue;
-            }
-            shard.insert(block, bytes, capacity);
-        }
+        self.store(first, data, Shard::insert);
     }
 
     /// As [`BlockCache::put`], but only into free room: blocks already cached are replaced,
     /// new ones are added from their second fill on while their shard has room, and nothing is
     /// evicted. For large reads.
     pub(crate) fn fill(&self, first: u64, data: &[u8]) {
+        self.store(first, data, Shard::admit);
+    }
+
+    /// Replaces the cached blocks among those of `data`; hands each other one to `new`.
+    fn store(&self, first: u64, data: &[u8], new: fn(&mut Shard, u64, &[u8], usize)) {
         let capacity = self.per_shard.load(Ordering::Relaxed);
         if capacity == 0 {
             return;
@@ -189,16 +182,9 @@ impl BlockCache {
         for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
             let block = first + i as u64;
             let mut shard = lock(self.shard(block));
-            if let Some(slot) = shard.map.get_mut(&block) {
-                slot.data.copy_from_slice(bytes);
-            } else if shard.seen.remove(&block) {
-                shard.insert_into_room(block, bytes, capacity);
-            } else {
-                // A few bytes per block: it may remember several times what the cache holds.
-                if shard.seen.len() >= SEEN_PER_CAPACITY * capacity {
-                    shard.seen.clear();
-                }
-                shard.seen.insert(block);
+            match shard.map.get_mut(&block) {
+                Some(slot) => slot.data.copy_from_slice(bytes),
+                None => new(&mut shard, block, bytes, capacity),
             }
         }
     }
@@ -221,6 +207,19 @@ const SEEN_PER_CAPACITY: usize = 4;
 const ROOM_PROBES: usize = 32;
 
 impl Shard {
+    /// A block a fill met: cached at its second fill (into free room), noted at its first.
+    fn admit(&mut self, block: u64, bytes: &[u8], capacity: usize) {
+        if self.seen.remove(&block) {
+            self.insert_into_room(block, bytes, capacity);
+            return;
+        }
+        // A few bytes per block: it may remember several times what the cache holds.
+        if self.seen.len() >= SEEN_PER_CAPACITY * capacity {
+            self.seen.clear();
+        }
+        self.seen.insert(block);
+    }
+
     /// Adds `block` if the shard holds fewer than `capacity` blocks, in a ring slot never used
     /// or one whose block was dropped (invalidated blocks leave their key in the ring); never
     /// evicts a cached block.

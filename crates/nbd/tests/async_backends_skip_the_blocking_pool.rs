@@ -78,6 +78,19 @@ impl Backend for AsyncMem {
     }
 }
 
+/// Serves `backend` as export "a" to loopback clients.
+fn serve(backend: &Arc<AsyncMem>, config: stria_nbd::ServerConfig) -> TestServer {
+    let exports = Exports::new();
+    let export = Export {
+        backend: backend.clone(),
+        description: String::new(),
+        read_only: false,
+        acl: loopback_acl(),
+    };
+    exports.insert("a", export).expect("insert");
+    TestServer::start(exports, config)
+}
+
 #[test]
 fn reads_and_writes_take_the_async_path() {
     let size = 32 * 1024 * 1024;
@@ -89,15 +102,7 @@ fn reads_and_writes_take_the_async_path() {
         ready: false,
         read_panic: u64::MAX,
     });
-    let exports = Exports::new();
-    let export = Export {
-        backend: backend.clone(),
-        description: String::new(),
-        read_only: false,
-        acl: loopback_acl(),
-    };
-    exports.insert("a", export).expect("insert");
-    let server = TestServer::start(exports, Default::default());
+    let server = serve(&backend, Default::default());
     let dir = TempDir::new("async");
     let image = dir.join("in.img");
     std::fs::write(&image, pseudo_random(8 * 1024 * 1024, 3)).expect("image");
@@ -142,19 +147,11 @@ fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
         ready: true,
         read_panic: 8 * 1024 * 1024,
     });
-    let exports = Exports::new();
-    let export = Export {
-        backend: backend.clone(),
-        description: String::new(),
-        read_only: false,
-        acl: loopback_acl(),
-    };
-    exports.insert("a", export).expect("insert");
     // nbdcopy keeps up to 64 requests in flight: far past two slots, so the reader must
     // hand its batch (which holds the slots of its replies) over whenever it runs out.
     let config =
         stria_nbd::ServerConfig { in_flight_requests_per_connection_max: 2, ..Default::default() };
-    let server = TestServer::start(exports, config);
+    let server = serve(&backend, config);
     let dir = TempDir::new("batched");
     let image = dir.join("in.img");
     std::fs::write(&image, pseudo_random(size as usize, 11)).expect("image");
