@@ -469,7 +469,8 @@ impl Engine {
     ) -> Result<Option<Vec<u8>>, EngineError> {
         let span = |end: u64| end.div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
         if memory_only && span(offset as u64 + len as u64) > SMALL_IO_BLOCKS {
-            // Too large to be cached: not worth reading the map for.
+            // Large reads are not answered on the async worker (they copy megabytes), so
+            // not worth reading the map for here; the blocking path still finds them cached.
             return Ok(None);
         }
         let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());

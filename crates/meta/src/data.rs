@@ -25,6 +25,11 @@ fn kill_suid(rec: &mut Inode) {
     }
 }
 
+/// Whether `rec` already has the size and mtime a close would publish.
+fn published(rec: &Inode, size: u64, mtime: Timestamp) -> bool {
+    rec.size >= size && rec.mtime == mtime
+}
+
 fn regular(rec: &Inode) -> Result<()> {
     match rec.kind {
         FileKind::File => Ok(()),
@@ -154,10 +159,6 @@ impl Meta {
                 tx.unchanged = true;
                 return Ok(InlineWrite::Chunked);
             };
-            if end > INLINE_DATA_MAX as u64 {
-                tx.unchanged = true;
-                return Ok(InlineWrite::MustSpill);
-            }
             let (offset, end) = (offset as usize, end as usize);
             if bytes.len() < end {
                 bytes.resize(end, 0);
@@ -198,8 +199,7 @@ impl Meta {
         let current = self.read(|rx| {
             let rec = rx.inode(ino)?;
             regular(&rec)?;
-            Ok((rec.layout().is_some() && rec.size >= new_size && rec.mtime == mtime)
-                .then_some(rec.size))
+            Ok((rec.layout().is_some() && published(&rec, new_size, mtime)).then_some(rec.size))
         })?;
         if let Some(size) = current {
             return Ok(size);
@@ -210,8 +210,8 @@ impl Meta {
             if rec.layout().is_none() {
                 return Err(fs(FsStatus::Invalid, "extend_size on an inline file"));
             }
-            if rec.size >= new_size && rec.mtime == mtime {
-                // Already there (a `SpillSized` published it): nothing to commit.
+            if published(&rec, new_size, mtime) {
+                // Published between the read and this transaction: nothing to commit.
                 tx.unchanged = true;
                 return Ok(rec.size);
             }
