@@ -89,7 +89,7 @@ pub(crate) async fn write(
             }
         }
         None => {
-            let (layout, size) = spill(inner, inode, Some(end)).await?;
+            let (layout, size) = spill(inner, inode, Some((offset, end))).await?;
             published = size;
             layout
         }
@@ -202,19 +202,19 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
 
 /// Moves an inline file to chunks: the inline bytes go to chunk 0 durably before the
 /// metadata service switches the file over, so a crash in between keeps the inline copy.
-/// With `size` (the end of the write that spills), an empty file takes that size in the same
-/// commit; the size and mtime the service then has are returned with the layout.
+/// With `write` (the range of the write that spills), an empty file takes its end as size in
+/// the same commit; the size and mtime the service then has are returned with the layout.
 async fn spill(
     inner: &Inner,
     inode: &InodeData,
-    size: Option<u64>,
+    write: Option<(u64, u64)>,
 ) -> FsResult<(FileLayout, Option<(u64, Timestamp)>)> {
     let _one_at_a_time = inode.spill_lock.lock().await;
     if let Some(layout) = inode.state().layout.clone() {
         return Ok((layout, None));
     }
-    let (layout, published) = match size {
-        Some(size) => spill_sized(inner, inode.ino, size).await?,
+    let (layout, published) = match write {
+        Some((offset, end)) => spill_sized(inner, inode.ino, offset, end).await?,
         None => (spill_ino(inner, inode.ino).await?, None),
     };
     if published.is_some() {
@@ -224,11 +224,13 @@ async fn spill(
     Ok((layout, published))
 }
 
-/// `SpillSized`: an empty file becomes chunked with its size in one commit; a file with
-/// inline bytes takes the two-step spill (its size is published at the next flush).
+/// `SpillSized`: an empty file becomes chunked with the end of the write at `offset` as its
+/// size in one commit; a file with inline bytes takes the two-step spill (its size is
+/// published at the next flush).
 async fn spill_sized(
     inner: &Inner,
     ino: Ino,
+    offset: u64,
     size: u64,
 ) -> FsResult<(FileLayout, Option<(u64, Timestamp)>)> {
     let mtime = Timestamp::now();
@@ -236,7 +238,13 @@ async fn spill_sized(
         MetaReply::Attr(attr) => {
             let layout = attr.layout.ok_or(FsStatus::Io)?;
             // Chunked by someone else first: its size is not this write's.
-            Ok((layout, (attr.size >= size && attr.mtime == mtime).then_some((attr.size, mtime))))
+            let ours = attr.size >= size && attr.mtime == mtime;
+            if ours && offset > 0 {
+                // The write leaves a hole before it, where a failed spill may have left bytes
+                // (see `clear_spill_leftovers`); a write from 0 covers them.
+                clear_spill_leftovers(inner, ino, &layout).await?;
+            }
+            Ok((layout, ours.then_some((attr.size, mtime))))
         }
         MetaReply::Spilled { .. } => Ok((spill_ino(inner, ino).await?, None)),
         other => Err(unexpected(&other)),
@@ -262,16 +270,21 @@ async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
             MetaReply::Attr(attr) => return attr.layout.ok_or(FsStatus::Io),
             other => return Err(unexpected(&other)),
         };
-        if !data.is_empty() {
+        if data.is_empty() {
+            clear_spill_leftovers(inner, ino, &layout).await?;
+        } else {
+            // Chunk 0 becomes exactly the inline bytes: the write, and a cut at their end of
+            // whatever longer leftovers it lands on (either order gives the same chunk).
+            let (target, chunk) = (layout.target_of(0), chunk_id(ino, 0));
+            let cut = ChunkTruncate { target, chunk, len: data.len() as u32 };
             let data = Bytes::from(data);
-            let request = ChunkWrite {
-                target: layout.target_of(0),
-                chunk: chunk_id(ino, 0),
-                offset: 0,
-                crc: crc32c::crc32c(&data),
-                sync: true,
-            };
-            inner.storage.chunk_write(request, data).await?;
+            let request =
+                ChunkWrite { target, chunk, offset: 0, crc: crc32c::crc32c(&data), sync: true };
+            let (written, cut) = tokio::join!(
+                inner.storage.chunk_write(request, data),
+                inner.storage.chunk_truncate(cut)
+            );
+            written.and(cut)?;
         }
         let commit = MetaRequest::SpillCommit { ino, layout: layout.clone(), version };
         match inner.meta.call(commit).await {
@@ -282,6 +295,17 @@ async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
         }
     }
     Err(FsStatus::Unavailable)
+}
+
+/// Removes the chunks a spill of `ino` to `layout` may find before it: those of an earlier
+/// spill whose chunk write landed but whose commit never did (a crash of the metadata
+/// service, a client that gave up, a plan that lost a race). They lie in chunk 0, which the
+/// inline bytes fit; until the file is chunked no reader looks there, but its growth would
+/// show them where zeros belong.
+async fn clear_spill_leftovers(inner: &Inner, ino: Ino, layout: &FileLayout) -> FsResult<()> {
+    let request =
+        ObjectRemove { target: layout.target_of(0), object: ObjectId(ino), from_index: 0 };
+    inner.storage.object_remove(request).await
 }
 
 /// Waits until every write queued for the inode has finished.

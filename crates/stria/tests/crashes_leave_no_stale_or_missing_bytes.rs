@@ -5,13 +5,25 @@
 //! crash the chunks still held the old bytes past the end, and growing the file again showed
 //! them where zeros belong. A node starting after a crash now frees chunk data past every
 //! file's end (and chunks nobody owns) before it serves.
+//!
+//! A spill of an inline file whose chunk write landed but whose commit never did (the metadata
+//! role killed, the client giving up after the recovery had run) left its bytes in chunk 0; a
+//! later spill of fewer bytes kept them past its own, and growing the file showed them (seen
+//! once in `stria chaos kill --role any`: a truncate up read "neither before nor after"). A
+//! spill now makes chunk 0 exactly the inline bytes.
 
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use stria_engine::Engine;
+use stria_io::file::{DriveOptions, open_drive};
 use stria_meta::{Caller, Commit, Meta, MetaOptions, SetAttr};
-use stria_proto::fs::ROOT_INO;
+use stria_proto::fs::{ChunkId, ObjectId, ROOT_INO};
+use stria_raid::Array;
 use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
@@ -83,4 +95,67 @@ fn a_short_lived_client_leaves_no_chunks_of_removed_files() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("stray"), "removed files left chunks behind: {text}");
+}
+
+/// Opens the stopped node's only target and writes `bytes` at the start of chunk 0 of `ino`:
+/// what a spill leaves when its chunk write lands and its commit never does.
+fn leave_spill_bytes(node: &Node, ino: u64, bytes: &[u8]) {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.data.join("node.json")).unwrap()).unwrap();
+    let target = &record["targets"][0];
+    let drives = target["drives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| open_drive(&node.data.join(d.as_str().unwrap()), &DriveOptions::default()))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let array = Arc::new(Array::assemble(drives).unwrap());
+    let dir = node.data.join(format!("targets/{}", target["id"]));
+    let engine = Engine::open(array, &dir).unwrap();
+    let chunk = ChunkId { object: ObjectId(ino), index: 0 };
+    engine.write(chunk, 0, bytes, None).unwrap();
+    engine.sync().unwrap();
+}
+
+#[test]
+fn a_spill_does_not_keep_the_bytes_of_an_earlier_spill_that_never_committed() {
+    require_fuse();
+    let dir = scratch("spill-leftovers");
+    let mut node = Node::start(&dir, &ARGS);
+    let shrunk = node.mount.join("shrunk");
+    let emptied = node.mount.join("emptied");
+    std::fs::write(&shrunk, pattern(1, 0, 1842)).unwrap();
+    std::fs::write(&emptied, b"").unwrap();
+    let inos = [&shrunk, &emptied].map(|p| std::fs::metadata(p).unwrap().ino());
+    node.stop();
+    // Both files are still inline; each has a spill's 3000 bytes in chunk 0.
+    for ino in inos {
+        leave_spill_bytes(&node, ino, &[0xEE; 3000]);
+    }
+    node.restart();
+
+    // A truncate up spills the 1842 inline bytes: the rest up to 4907 must read as zeros.
+    let file = std::fs::OpenOptions::new().write(true).open(&shrunk).unwrap();
+    file.set_len(4907).unwrap();
+    drop(file);
+    let back = std::fs::read(&shrunk).unwrap();
+    assert_eq!(back.len(), 4907);
+    assert!(back[..1842] == pattern(1, 0, 1842)[..], "the inline bytes moved to the chunk");
+    let stale = back[1842..].iter().filter(|&&b| b != 0).count();
+    assert_eq!(stale, 0, "the grown part must read as zeros, not an earlier spill's bytes");
+
+    // An empty file's first write, past the inline limit and leaving a hole before it.
+    let file = std::fs::OpenOptions::new().write(true).open(&emptied).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &pattern(2, 0, 4096), 8192).unwrap();
+    drop(file);
+    let back = std::fs::read(&emptied).unwrap();
+    assert_eq!(back.len(), 12288);
+    let stale = back[..8192].iter().filter(|&&b| b != 0).count();
+    assert_eq!(stale, 0, "the hole must read as zeros, not an earlier spill's bytes");
+    assert!(back[8192..] == pattern(2, 0, 4096)[..]);
+    node.stop();
+    let out = node.cli(&["fsck"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && !text.contains("stray"), "{text}");
 }
