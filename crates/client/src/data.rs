@@ -280,11 +280,12 @@ async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
             let data = Bytes::from(data);
             let request =
                 ChunkWrite { target, chunk, offset: 0, crc: crc32c::crc32c(&data), sync: true };
-            let (written, cut) = tokio::join!(
+            let (written, cut, rest) = tokio::join!(
                 inner.storage.chunk_write(request, data),
-                inner.storage.chunk_truncate(cut)
+                inner.storage.chunk_truncate(cut),
+                remove_chunks(&inner.storage, ObjectId(ino), &layout, 1)
             );
-            written.and(cut)?;
+            written.and(cut).and(rest)?;
         }
         let commit = MetaRequest::SpillCommit { ino, layout: layout.clone(), version };
         match inner.meta.call(commit).await {
@@ -299,13 +300,11 @@ async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
 
 /// Removes the chunks a spill of `ino` to `layout` may find before it: those of an earlier
 /// spill whose chunk write landed but whose commit never did (a crash of the metadata
-/// service, a client that gave up, a plan that lost a race). They lie in chunk 0, which the
-/// inline bytes fit; until the file is chunked no reader looks there, but its growth would
-/// show them where zeros belong.
+/// service, a client that gave up, a plan that lost a race), and those a client wrote after
+/// such a lost commit, believing the file chunked. Until the file is chunked no reader looks
+/// there, but its growth would show them where zeros belong.
 async fn clear_spill_leftovers(inner: &Inner, ino: Ino, layout: &FileLayout) -> FsResult<()> {
-    let request =
-        ObjectRemove { target: layout.target_of(0), object: ObjectId(ino), from_index: 0 };
-    inner.storage.object_remove(request).await
+    remove_chunks(&inner.storage, ObjectId(ino), layout, 0).await
 }
 
 /// Waits until every write queued for the inode has finished.
