@@ -138,16 +138,7 @@ impl VolumeIo {
     /// As [`VolumeIo::read_into`], for callers already on the client's runtime (the NBD
     /// gateway), without a blocking thread.
     pub async fn read_into_async(&self, offset: u64, buf: &mut [u8]) -> FsResult<()> {
-        if buf.len() > VOLUME_IO_BYTES_MAX {
-            return Err(FsStatus::Invalid);
-        }
-        self.check_range(offset, buf.len() as u64)?;
-        let jobs = self.pieces(offset, buf.len() as u64).map(|(piece, target, chunk)| {
-            let storage = self.shared.storage.clone();
-            let request =
-                ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
-            async move { Ok((piece, storage.chunk_read(request).await?)) }
-        });
+        let jobs = self.read_jobs(offset, buf.len())?;
         self.run(jobs, |(piece, data): (Piece, Bytes)| {
             // A chunk shorter than the piece (or missing) is a hole there: zeros.
             let out = &mut buf[piece.offset_in_range..piece.offset_in_range + piece.len as usize];
@@ -156,6 +147,51 @@ impl VolumeIo {
             out[take..].fill(0);
         })
         .await
+    }
+
+    /// As [`VolumeIo::read_into_async`], but the bytes stay in the buffers the targets'
+    /// replies came in: in order, `len` bytes together (holes as buffers of zeros). A caller
+    /// that sends them on (the NBD gateway) then copies nothing.
+    pub async fn read_parts_async(&self, offset: u64, len: usize) -> FsResult<Vec<Bytes>> {
+        let jobs = self.read_jobs(offset, len)?;
+        let mut parts: Vec<(usize, Bytes)> = Vec::new();
+        self.run(jobs, |(piece, data): (Piece, Bytes)| {
+            let want = piece.len as usize;
+            let at = piece.offset_in_range;
+            match data.len().cmp(&want) {
+                std::cmp::Ordering::Less => {
+                    let hole = want - data.len();
+                    let after = at + data.len();
+                    parts.push((at, data));
+                    parts.push((after, Bytes::from(vec![0u8; hole])));
+                }
+                std::cmp::Ordering::Equal => parts.push((at, data)),
+                std::cmp::Ordering::Greater => parts.push((at, data.slice(..want))),
+            }
+        })
+        .await?;
+        parts.sort_unstable_by_key(|&(at, _)| at);
+        Ok(parts.into_iter().map(|(_, part)| part).filter(|p| !p.is_empty()).collect())
+    }
+
+    /// The chunk reads of `[offset, offset + len)`, each answering with its piece.
+    fn read_jobs(
+        &self,
+        offset: u64,
+        len: usize,
+    ) -> FsResult<
+        impl Iterator<Item = impl Future<Output = FsResult<(Piece, Bytes)>> + Send + use<>> + '_,
+    > {
+        if len > VOLUME_IO_BYTES_MAX {
+            return Err(FsStatus::Invalid);
+        }
+        self.check_range(offset, len as u64)?;
+        Ok(self.pieces(offset, len as u64).map(|(piece, target, chunk)| {
+            let storage = self.shared.storage.clone();
+            let request =
+                ChunkRead { target, chunk, offset: piece.offset_in_chunk, len: piece.len };
+            async move { Ok((piece, storage.chunk_read(request).await?)) }
+        }))
     }
 
     /// Writes `data` at `offset` (any alignment: the targets merge partial blocks). With

@@ -9,6 +9,11 @@ use crate::wire::NbdErrno;
 /// A boxed future borrowing the backend and the request's buffer.
 pub type BackendFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BackendError>> + Send + 'a>>;
 
+/// What [`Backend::read_parts_async`] returns: the bytes read, in order, in the backend's own
+/// buffers.
+pub type PartsFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<bytes::Bytes>, BackendError>> + Send + 'a>>;
+
 /// One run of the allocation map returned by [`Backend::block_status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
@@ -135,6 +140,13 @@ pub trait Backend: Send + Sync + 'static {
     /// underneath: the server awaits it on the connection's task, saving two thread hand-offs
     /// per request. `None` (the default): the server calls `read` on the blocking pool.
     fn read_async<'a>(&'a self, _offset: u64, _buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
+        None
+    }
+    /// [`Backend::read_async`] for a backend whose reads arrive in buffers of its own: the
+    /// `len` bytes at `offset` as those buffers, in order (together exactly `len` bytes). The
+    /// server sends them after the reply header as they are, with no reply buffer to zero and
+    /// copy into. `None` (the default): the server uses `read_async`, or `read`.
+    fn read_parts_async(&self, _offset: u64, _len: usize) -> Option<PartsFuture<'_>> {
         None
     }
     /// [`Backend::write`] without the blocking pool; as [`Backend::read_async`].

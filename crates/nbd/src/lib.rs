@@ -58,7 +58,7 @@ mod transport;
 pub mod wire;
 
 pub use acl::{AclRule, IpNet, IpNetError, Peer};
-pub use backend::{Backend, BackendError, BackendErrorKind, BackendFuture, Extent};
+pub use backend::{Backend, BackendError, BackendErrorKind, BackendFuture, Extent, PartsFuture};
 pub use export::{Export, ExportError, ExportStats, Exports};
 pub use mem_backend::{MEM_BLOCK_BYTES, MemBackend};
 pub use server::{

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -210,10 +211,38 @@ const IO_SLICES_MAX: usize = 1024;
 /// for its buffered requests to run out.
 const REPLY_BATCH_BYTES: usize = 256 * 1024;
 
+/// One reply's bytes: its head (the header, or the whole reply) and the data that follows,
+/// in the backend's own buffers (see [`Backend::read_parts_async`]), sent without a copy.
+#[derive(Debug, Default)]
+struct Message {
+    head: Vec<u8>,
+    data: Vec<Bytes>,
+}
+
+impl Message {
+    fn len(&self) -> usize {
+        self.head.len() + self.data.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// The buffers to write, empty ones left out.
+    fn slices(&self) -> impl Iterator<Item = IoSlice<'_>> {
+        std::iter::once(&self.head[..])
+            .chain(self.data.iter().map(|d| &d[..]))
+            .filter(|b| !b.is_empty())
+            .map(IoSlice::new)
+    }
+}
+
+impl From<Vec<u8>> for Message {
+    fn from(head: Vec<u8>) -> Message {
+        Message { head, data: Vec::new() }
+    }
+}
+
 /// One reply, or a batch of them, on its way to the socket, with the permits it keeps until
 /// it is sent.
 struct Reply {
-    messages: Vec<Vec<u8>>,
+    messages: Vec<Message>,
     _slot: OwnedSemaphorePermit,
     _budget: Option<OwnedSemaphorePermit>,
 }
@@ -221,7 +250,7 @@ struct Reply {
 /// Replies of requests the reader completed itself, not yet handed to the writer.
 #[derive(Default)]
 struct Batch {
-    messages: Vec<Vec<u8>>,
+    messages: Vec<Message>,
     bytes: usize,
     slot: Option<OwnedSemaphorePermit>,
     budget: Option<OwnedSemaphorePermit>,
@@ -230,7 +259,7 @@ struct Batch {
 impl Batch {
     fn add(
         &mut self,
-        message: Vec<u8>,
+        message: Message,
         slot: OwnedSemaphorePermit,
         budget: Option<OwnedSemaphorePermit>,
     ) {
@@ -278,7 +307,7 @@ impl Ctx {
 
     async fn send(
         &self,
-        message: Vec<u8>,
+        message: Message,
         slot: OwnedSemaphorePermit,
         budget: Option<OwnedSemaphorePermit>,
     ) {
@@ -287,7 +316,7 @@ impl Ctx {
 
     async fn send_all(
         &self,
-        messages: Vec<Vec<u8>>,
+        messages: Vec<Message>,
         slot: OwnedSemaphorePermit,
         budget: Option<OwnedSemaphorePermit>,
     ) {
@@ -378,7 +407,7 @@ pub(crate) async fn run(
             // server refuse: answer, then hang up.
             let message = format!("write of {} bytes exceeds {REQUEST_BYTES_MAX}", h.length);
             let reply = ctx.error_message(h.handle, NbdErrno::Invalid, &message);
-            ctx.send(reply, slot, None).await;
+            ctx.send(reply.into(), slot, None).await;
             break Ending::Violation(message);
         }
         let command = match validate(&h, &limits) {
@@ -404,7 +433,7 @@ pub(crate) async fn run(
                 debug!(peer = %ctx.peer, export = %ctx.export_name, handle = h.handle,
                     error = %refusal.message, "NBD request refused");
                 let reply = ctx.error_message(h.handle, refusal.errno, &refusal.message);
-                ctx.send(reply, slot, None).await;
+                ctx.send(reply.into(), slot, None).await;
                 continue;
             }
         };
@@ -457,7 +486,7 @@ pub(crate) async fn run(
         .await;
         let polled = polled.unwrap_or_else(|_| {
             warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, "NBD backend panicked");
-            Poll::Ready(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed"))
+            Poll::Ready(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed").into())
         });
         match polled {
             Poll::Ready(message) if message.len() <= REPLY_BATCH_BYTES => {
@@ -499,7 +528,7 @@ pub(crate) async fn run(
     }
 }
 
-async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u8>>) -> Vec<u8> {
+async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u8>>) -> Message {
     let backend = ctx.backend.clone();
     let structured = ctx.structured;
     let result = match run_async(&*backend, handle, command, &payload, structured).await {
@@ -518,19 +547,23 @@ async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u
         }
         Err(e) => {
             warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, error = %e, "NBD backend request failed");
-            ctx.error_message(handle, e.nbd_errno(), &e.message)
+            ctx.error_message(handle, e.nbd_errno(), &e.message).into()
         }
     }
 }
 
 struct Done {
-    message: Vec<u8>,
+    message: Message,
     bytes_read: u64,
     bytes_written: u64,
 }
 
 fn ok(handle: u64) -> Done {
-    Done { message: simple_reply_header(0, handle).to_vec(), bytes_read: 0, bytes_written: 0 }
+    Done {
+        message: simple_reply_header(0, handle).to_vec().into(),
+        bytes_read: 0,
+        bytes_written: 0,
+    }
 }
 
 /// Reads and writes through the backend's asynchronous path, when it has one; `None` sends
@@ -544,6 +577,19 @@ async fn run_async(
 ) -> Option<Result<Done, BackendError>> {
     match command {
         Command::Read { offset, length } if length > 0 => {
+            if let Some(parts) = backend.read_parts_async(offset, length as usize) {
+                return Some(parts.await.and_then(|data| {
+                    let got: usize = data.iter().map(Bytes::len).sum();
+                    if got != length as usize {
+                        let why =
+                            format!("the backend returned {got} bytes for a read of {length}");
+                        return Err(BackendError::io(why));
+                    }
+                    let head = read_reply_head(handle, offset, length as usize, structured);
+                    let message = Message { head, data };
+                    Ok(Done { message, bytes_read: length as u64, bytes_written: 0 })
+                }));
+            }
             let (mut message, prefix) = read_reply_buffer(length as usize, structured);
             if let Err(e) = backend.read_async(offset, &mut message[prefix..])?.await {
                 return Some(Err(e));
@@ -567,25 +613,30 @@ fn read_reply_buffer(length: usize, structured: bool) -> (Vec<u8>, usize) {
     (vec![0u8; prefix + length], prefix)
 }
 
-/// Fills in the header of a READ reply whose data the backend has written.
-fn read_reply_done(mut message: Vec<u8>, handle: u64, offset: u64, structured: bool) -> Done {
-    let length = if structured {
-        let length = message.len() - OFFSET_DATA_PREFIX_BYTES;
-        let header = structured_reply_header(
+/// The header of a READ reply carrying `length` bytes of data: as many bytes as
+/// [`read_reply_buffer`] leaves before the data.
+fn read_reply_head(handle: u64, offset: u64, length: usize, structured: bool) -> Vec<u8> {
+    if structured {
+        let mut head = Vec::with_capacity(OFFSET_DATA_PREFIX_BYTES);
+        head.extend_from_slice(&structured_reply_header(
             REPLY_FLAG_DONE,
             REPLY_TYPE_OFFSET_DATA,
             handle,
             (8 + length) as u32,
-        );
-        message[..STRUCTURED_REPLY_HEADER_BYTES].copy_from_slice(&header);
-        message[STRUCTURED_REPLY_HEADER_BYTES..OFFSET_DATA_PREFIX_BYTES]
-            .copy_from_slice(&offset.to_be_bytes());
-        length
+        ));
+        head.extend_from_slice(&offset.to_be_bytes());
+        head
     } else {
-        message[..SIMPLE_REPLY_HEADER_BYTES].copy_from_slice(&simple_reply_header(0, handle));
-        message.len() - SIMPLE_REPLY_HEADER_BYTES
-    };
-    Done { message, bytes_read: length as u64, bytes_written: 0 }
+        simple_reply_header(0, handle).to_vec()
+    }
+}
+
+/// Fills in the header of a READ reply whose data the backend has written.
+fn read_reply_done(mut message: Vec<u8>, handle: u64, offset: u64, structured: bool) -> Done {
+    let prefix = if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
+    let length = message.len() - prefix;
+    message[..prefix].copy_from_slice(&read_reply_head(handle, offset, length, structured));
+    Done { message: message.into(), bytes_read: length as u64, bytes_written: 0 }
 }
 
 /// Runs on the blocking pool: one backend call and the encoded success reply.
@@ -602,7 +653,7 @@ fn run_blocking(
             if structured && length == 0 {
                 let message =
                     structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_NONE, handle, 0).to_vec();
-                return Ok(Done { message, bytes_read: 0, bytes_written: 0 });
+                return Ok(Done { message: message.into(), bytes_read: 0, bytes_written: 0 });
             }
             let (mut message, prefix) = read_reply_buffer(length, structured);
             if length > 0 {
@@ -638,7 +689,7 @@ fn run_blocking(
             let extents = backend.block_status(offset, length as u64)?;
             let descriptors = descriptors(&extents, length, req_one);
             let message = block_status_chunk(handle, META_BASE_ALLOCATION_ID, &descriptors);
-            Ok(Done { message, bytes_read: 0, bytes_written: 0 })
+            Ok(Done { message: message.into(), bytes_read: 0, bytes_written: 0 })
         }
         Command::Disconnect => unreachable!("disconnect is handled by the reader"),
     }
@@ -662,8 +713,7 @@ async fn write_replies(
             }
         }
         let messages = batch.iter().flat_map(|r| &r.messages);
-        let mut slices: Vec<IoSlice<'_>> =
-            messages.filter(|m| !m.is_empty()).map(|m| IoSlice::new(m)).collect();
+        let mut slices: Vec<IoSlice<'_>> = messages.flat_map(Message::slices).collect();
         let mut sent = write_all_vectored(&mut writer, &mut slices, timeout).await;
         // Flush (TLS records) before going idle.
         if sent.is_ok() && replies.is_empty() {

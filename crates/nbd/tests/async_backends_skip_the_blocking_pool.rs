@@ -3,7 +3,9 @@
 //! every read and write went through the asynchronous path, and errors from it reach the
 //! client as protocol errors. A backend whose calls complete at once (reads served from
 //! memory) is answered by the connection's reader in batches; that holds up with far more
-//! requests in flight than the connection's slots and byte budget allow.
+//! requests in flight than the connection's slots and byte budget allow. A backend that
+//! reads into buffers of its own has them sent after the reply header as they are, in either
+//! reply style; one that returns the wrong number of bytes fails that read with EIO.
 
 mod common;
 
@@ -12,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::*;
 use stria_nbd::wire::{CMD_READ, REPLY_TYPE_OFFSET_DATA, RequestHeader};
-use stria_nbd::{Backend, BackendError, BackendFuture, Export, Exports, Extent, MemBackend};
+use stria_nbd::{
+    Backend, BackendError, BackendFuture, Export, Exports, Extent, MemBackend, PartsFuture,
+};
 
 /// MemBackend behind the asynchronous hooks, counting their use; writes at `poison` fail.
 struct AsyncMem {
@@ -24,6 +28,25 @@ struct AsyncMem {
     ready: bool,
     /// A 512-byte read here panics.
     read_panic: u64,
+    /// Reads return the backend's own buffers (`read_parts_async`), split unevenly.
+    parts: bool,
+    /// A read in parts of 8 KiB here returns one byte too few.
+    short_read: u64,
+}
+
+impl AsyncMem {
+    fn new(size: u64) -> AsyncMem {
+        AsyncMem {
+            inner: MemBackend::new(size),
+            async_reads: AtomicU64::new(0),
+            async_writes: AtomicU64::new(0),
+            poison: u64::MAX,
+            ready: false,
+            read_panic: u64::MAX,
+            parts: false,
+            short_read: u64::MAX,
+        }
+    }
 }
 
 impl Backend for AsyncMem {
@@ -57,6 +80,32 @@ impl Backend for AsyncMem {
             let poisoned = offset == self.read_panic && buf.len() == 512;
             assert!(!poisoned, "a 512-byte read at the poisoned offset fails hard");
             self.inner.read(offset, buf)
+        }))
+    }
+    fn read_parts_async(&self, offset: u64, len: usize) -> Option<PartsFuture<'_>> {
+        if !self.parts {
+            return None;
+        }
+        self.async_reads.fetch_add(1, Ordering::Relaxed);
+        Some(Box::pin(async move {
+            if !self.ready {
+                tokio::task::yield_now().await;
+            }
+            let mut all = vec![0u8; len];
+            self.inner.read(offset, &mut all)?;
+            if offset == self.short_read && len == 8192 {
+                all.pop();
+            }
+            // Uneven pieces, one of them empty: 1000 bytes, nothing, half the rest, the rest.
+            let all = bytes::Bytes::from(all);
+            let first = all.len().min(1000);
+            let middle = first + (all.len() - first) / 2;
+            Ok(vec![
+                all.slice(..first),
+                bytes::Bytes::new(),
+                all.slice(first..middle),
+                all.slice(middle..),
+            ])
         }))
     }
     fn write_async<'a>(
@@ -94,14 +143,7 @@ fn serve(backend: &Arc<AsyncMem>, config: stria_nbd::ServerConfig) -> TestServer
 #[test]
 fn reads_and_writes_take_the_async_path() {
     let size = 32 * 1024 * 1024;
-    let backend = Arc::new(AsyncMem {
-        inner: MemBackend::new(size),
-        async_reads: AtomicU64::new(0),
-        async_writes: AtomicU64::new(0),
-        poison: 16 * 1024 * 1024,
-        ready: false,
-        read_panic: u64::MAX,
-    });
+    let backend = Arc::new(AsyncMem { poison: 16 * 1024 * 1024, ..AsyncMem::new(size) });
     let server = serve(&backend, Default::default());
     let dir = TempDir::new("async");
     let image = dir.join("in.img");
@@ -139,14 +181,8 @@ fn reads_and_writes_take_the_async_path() {
 #[test]
 fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
     let size = 16 * 1024 * 1024;
-    let backend = Arc::new(AsyncMem {
-        inner: MemBackend::new(size),
-        async_reads: AtomicU64::new(0),
-        async_writes: AtomicU64::new(0),
-        poison: u64::MAX,
-        ready: true,
-        read_panic: 8 * 1024 * 1024,
-    });
+    let backend =
+        Arc::new(AsyncMem { ready: true, read_panic: 8 * 1024 * 1024, ..AsyncMem::new(size) });
     // nbdcopy keeps up to 64 requests in flight: far past two slots, so the reader must
     // hand its batch (which holds the slots of its replies) over whenever it runs out.
     let config =
@@ -217,4 +253,44 @@ fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
     assert_eq!(client.read(101, 4096, 4096).as_deref(), Ok(&stored[..]));
     assert!(backend.async_reads.load(Ordering::Relaxed) > 0);
     server.stop();
+}
+
+#[test]
+fn reads_in_the_backends_own_buffers_are_sent_as_they_are() {
+    let size = 16 * 1024 * 1024;
+    for ready in [false, true] {
+        let backend = Arc::new(AsyncMem {
+            ready,
+            parts: true,
+            short_read: 4 * 1024 * 1024,
+            ..AsyncMem::new(size)
+        });
+        let server = serve(&backend, Default::default());
+        let dir = TempDir::new("parts");
+        let image = dir.join("in.img");
+        std::fs::write(&image, pseudo_random(size as usize, 17)).expect("image");
+        let uri = server.uri("a");
+        tool_ok("nbdcopy", &["--connections=2", &image.display().to_string(), &uri]);
+        let back = dir.join("back.img");
+        tool_ok("nbdcopy", &["--connections=2", &uri, &back.display().to_string()]);
+        let (a, b) = (std::fs::read(&image).expect("a"), std::fs::read(&back).expect("b"));
+        assert!(a == b, "data read back in the backend's buffers differs (ready: {ready})");
+        for structured in [false, true] {
+            let mut client = RawClient::open(server.addr, "a", structured);
+            for (handle, (offset, len)) in
+                [(0, 512), (4096, 4096), (1 << 20, 1 << 20)].into_iter().enumerate()
+            {
+                let stored = read_backend(&backend.inner, offset, len);
+                let got = client.read(handle as u64, offset, len as u32);
+                assert_eq!(got.as_deref(), Ok(&stored[..]), "{len} bytes at {offset}");
+            }
+            // The wrong number of bytes is the backend's failure: EIO, and the connection
+            // goes on.
+            assert_eq!(client.read(9, 4 * 1024 * 1024, 8192), Err(5), "EIO for a short read");
+            let stored = read_backend(&backend.inner, 8192, 4096);
+            assert_eq!(client.read(10, 8192, 4096).as_deref(), Ok(&stored[..]));
+        }
+        assert!(backend.async_reads.load(Ordering::Relaxed) > 0);
+        server.stop();
+    }
 }

@@ -11,7 +11,7 @@ use stria_client::{Client, VolumeIo};
 use stria_mgmt::{ExportRecord, ExportStats, Gateway, GatewayClient, VolumeRecord};
 use stria_nbd::{
     AclRule, Backend, BackendError, BackendErrorKind, BackendFuture, Export, Exports, Extent,
-    TlsConfig,
+    PartsFuture, TlsConfig,
 };
 use stria_proto::fs::{FsStatus, ObjectId};
 use stria_proto::mgmt::VolumeIoCounts;
@@ -116,6 +116,19 @@ impl Backend for VolumeBackend {
             self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))?;
             self.counts.read(buf.len(), started);
             Ok(())
+        }))
+    }
+
+    fn read_parts_async(&self, offset: u64, len: usize) -> Option<PartsFuture<'_>> {
+        Some(Box::pin(async move {
+            let started = Instant::now();
+            let parts = self
+                .io
+                .read_parts_async(offset, len)
+                .await
+                .map_err(|e| backend_error("read", e))?;
+            self.counts.read(len, started);
+            Ok(parts)
         }))
     }
 
