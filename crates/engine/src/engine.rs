@@ -521,8 +521,17 @@ impl Engine {
     ) -> Result<WriteDone, EngineError> {
         let end = offset as u64 + data.len() as u64;
         Self::check_end(chunk, end)?;
+        // Whole blocks go to the array as they are: their block CRCs also check the payload's.
+        let whole_blocks = !data.is_empty()
+            && (offset as usize).is_multiple_of(BLOCK)
+            && data.len().is_multiple_of(BLOCK);
+        let block_crcs = whole_blocks
+            .then(|| data.chunks_exact(BLOCK).map(crc32c::crc32c).collect::<Vec<u32>>());
         if let Some(expected) = crc {
-            let actual = crc32c::crc32c(data);
+            let actual = match &block_crcs {
+                Some(crcs) => crate::crc::of_blocks(crcs),
+                None => crc32c::crc32c(data),
+            };
             if actual != expected {
                 return Err(EngineError::PayloadChecksum { expected, actual });
             }
@@ -534,6 +543,12 @@ impl Engine {
         let rec = existing.unwrap_or_default();
         if data.is_empty() {
             return Ok(WriteDone { chunk_len: rec.len_bytes });
+        }
+        let new_len = rec.len_bytes.max(end as u32);
+        if let Some(crcs) = block_crcs {
+            let places = [(offset / BLOCK as u32, crcs.len())];
+            self.apply_blocks(chunk, rec, existed, &places, data, crcs, None, new_len)?;
+            return Ok(WriteDone { chunk_len: new_len });
         }
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
@@ -550,7 +565,6 @@ impl Engine {
         }
         let skip = offset as usize % BLOCK;
         bytes[skip..skip + data.len()].copy_from_slice(data);
-        let new_len = rec.len_bytes.max(end as u32);
         self.apply(
             chunk,
             rec,
@@ -852,7 +866,7 @@ impl Engine {
     fn apply(
         &self,
         chunk: ChunkId,
-        mut rec: ChunkRecord,
+        rec: ChunkRecord,
         existed: bool,
         segments: Vec<Segment>,
         unmap: Option<(u32, u32)>,
@@ -868,15 +882,32 @@ impl Engine {
         };
         // The checksums are of exactly the bytes handed to the array.
         let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
+        self.apply_blocks(chunk, rec, existed, &places, &data, crcs, unmap, new_len)
+    }
+
+    /// [`Engine::apply`] of whole blocks already laid end to end in `data` (`places`: first
+    /// logical block and count of each run, in `data`'s order), with their CRCs.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_blocks(
+        &self,
+        chunk: ChunkId,
+        mut rec: ChunkRecord,
+        existed: bool,
+        places: &[(u32, usize)],
+        data: &[u8],
+        crcs: Vec<u32>,
+        unmap: Option<(u32, u32)>,
+        new_len: u32,
+    ) -> Result<(), EngineError> {
         let packed = match &self.packer {
-            Some(p) => p.write(&self.array, &self.alloc, &self.cache, &data)?,
+            Some(p) => p.write(&self.array, &self.alloc, &self.cache, data)?,
             None => None,
         };
         let runs = match packed {
             Some(runs) => runs,
             None => {
                 let runs = self.allocate(crcs.len() as u64)?;
-                if let Err(e) = self.write_runs(&runs, &data) {
+                if let Err(e) = self.write_runs(&runs, data) {
                     lock(&self.alloc).release(&runs);
                     return Err(e);
                 }
@@ -885,7 +916,6 @@ impl Engine {
         };
         // Block j of the concatenated segments goes to the j-th allocated block.
         let physical: Vec<u64> = runs.iter().flat_map(|&(s, n)| s..s + n).collect();
-        drop(data);
         let slots = places
             .iter()
             .map(|&(first, count)| first as usize + count)
@@ -902,7 +932,7 @@ impl Engine {
             }
         }
         let mut j = 0usize;
-        for &(first, count) in &places {
+        for &(first, count) in places {
             for slot in &mut rec.blocks[first as usize..first as usize + count] {
                 let new = BlockRef { physical: physical[j], crc: crcs[j] };
                 replaced.extend(slot.replace(new).map(|b| b.physical));

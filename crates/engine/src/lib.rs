@@ -23,6 +23,7 @@
 mod alloc;
 mod cache;
 mod commit;
+mod crc;
 mod engine;
 mod error;
 mod hash;

@@ -22,6 +22,21 @@ fn a_payload_with_the_wrong_crc_is_refused_and_stores_nothing() {
     assert_eq!(engine.space().used_bytes, 0);
     engine.write(chunk(1, 0), 0, &data, Some(good)).expect("good crc");
     assert_eq!(engine.read(chunk(1, 0), 0, 9000).expect("read"), data);
+    // Whole blocks are checked through their block CRCs: one flipped bit anywhere, or the
+    // CRC of other bytes, is refused just the same.
+    let blocks: Vec<u8> = (0..64 * 4096).map(|i| (i * 7 % 251) as u8).collect();
+    let good = crc32c::crc32c(&blocks);
+    for bad in [good ^ 1, good ^ 0x8000_0000, crc32c::crc32c(&blocks[4096..])] {
+        let err = engine.write(chunk(1, 1), 8192, &blocks, Some(bad)).expect_err("bad crc");
+        assert!(matches!(err, EngineError::PayloadChecksum { .. }), "{err}");
+    }
+    let mut flipped = blocks.clone();
+    flipped[40 * 4096 + 17] ^= 4;
+    let err = engine.write(chunk(1, 1), 8192, &flipped, Some(good)).expect_err("flipped");
+    assert!(matches!(err, EngineError::PayloadChecksum { .. }), "{err}");
+    assert_eq!(engine.chunk_len(chunk(1, 1)).expect("len"), None);
+    engine.write(chunk(1, 1), 8192, &blocks, Some(good)).expect("good crc");
+    assert_eq!(engine.read(chunk(1, 1), 8192, blocks.len() as u32).expect("read"), blocks);
     drop(engine);
     let _ = std::fs::remove_dir_all(&dir);
 }

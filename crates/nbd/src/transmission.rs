@@ -459,13 +459,12 @@ pub(crate) async fn run(
         let payload = if let Command::Write { length, .. } = command {
             // The whole payload is in memory before the backend sees any of it, so a client
             // that vanishes mid-payload never causes a partial write.
-            let mut data = vec![0u8; length as usize];
-            if reader.buffer().len() < data.len() {
+            let mut data = Vec::with_capacity(length as usize);
+            if reader.buffer().len() < length as usize {
                 batch.send(&ctx).await;
             }
-            let read =
-                tokio::time::timeout(config.payload_read_timeout, reader.read_exact(&mut data))
-                    .await;
+            let fill = read_payload(&mut reader, &mut data, length as usize);
+            let read = tokio::time::timeout(config.payload_read_timeout, fill).await;
             match read {
                 Ok(Ok(_)) => Some(data),
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ending::Eof,
@@ -526,6 +525,22 @@ pub(crate) async fn run(
     if let Err(e) = writer.await {
         warn!(%peer, error = %e, "NBD reply writer panicked");
     }
+}
+
+/// Reads exactly `len` bytes into `data`'s spare room, with no zeroing of a buffer first; a
+/// stream that ends before is `UnexpectedEof`.
+async fn read_payload<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    data: &mut Vec<u8>,
+    len: usize,
+) -> std::io::Result<()> {
+    while data.len() < len {
+        let want = (len - data.len()) as u64;
+        if (&mut *reader).take(want).read_buf(data).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
 }
 
 async fn execute(ctx: &Ctx, handle: u64, command: Command, payload: Option<Vec<u8>>) -> Message {
