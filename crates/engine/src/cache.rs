@@ -115,36 +115,42 @@ impl BlockCache {
         &self.shards[shard_of(block)]
     }
 
-    /// Copies the blocks from `first` on into `out` (whole blocks) if every one is cached.
-    /// A long run takes each shard's lock once instead of once per block.
-    pub(crate) fn get_run(&self, first: u64, out: &mut [u8]) -> bool {
-        let count = out.len() / BLOCK;
+    /// Appends `count` blocks from `first` on to `out` if every one is cached; `out` is left as
+    /// it was otherwise. A long run takes each shard's lock once instead of once per block.
+    pub(crate) fn get_run(&self, first: u64, count: usize, out: &mut Vec<u8>) -> bool {
+        let start = out.len();
+        out.reserve(count * BLOCK);
+        let mut found = 0;
         if count < SHARDS {
-            return out
-                .chunks_exact_mut(BLOCK)
-                .enumerate()
-                .all(|(k, b)| self.get(first + k as u64, b));
-        }
-        let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
-        for (k, dest) in out.chunks_exact_mut(BLOCK).enumerate() {
-            let block = first + k as u64;
-            match shards[shard_of(block)].map.get_mut(&block) {
-                Some(slot) => {
-                    slot.referenced = true;
-                    dest.copy_from_slice(&slot.data);
-                }
-                None => {
-                    self.hits.fetch_add(k as u64, Ordering::Relaxed);
-                    self.misses.fetch_add(1, Ordering::Relaxed);
-                    return false;
-                }
+            for k in 0..count {
+                let block = first + k as u64;
+                let mut shard = lock(self.shard(block));
+                let Some(slot) = shard.map.get_mut(&block) else { break };
+                slot.referenced = true;
+                out.extend_from_slice(&slot.data[..]);
+                found += 1;
+            }
+        } else {
+            let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
+            for k in 0..count {
+                let block = first + k as u64;
+                let Some(slot) = shards[shard_of(block)].map.get_mut(&block) else { break };
+                slot.referenced = true;
+                out.extend_from_slice(&slot.data[..]);
+                found += 1;
             }
         }
-        self.hits.fetch_add(count as u64, Ordering::Relaxed);
+        self.hits.fetch_add(found as u64, Ordering::Relaxed);
+        if found < count {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            out.truncate(start);
+            return false;
+        }
         true
     }
 
     /// Copies block `block` into `out` (one block) if cached.
+    #[cfg(test)]
     pub(crate) fn get(&self, block: u64, out: &mut [u8]) -> bool {
         let mut shard = lock(self.shard(block));
         match shard.map.get_mut(&block) {
@@ -289,14 +295,21 @@ mod tests {
         cache.set_capacity_bytes(1 << 20);
         let run: Vec<u8> = (0..40u8).flat_map(block).collect();
         cache.put(100, &run);
-        let mut out = vec![0u8; run.len()];
-        assert!(cache.get_run(100, &mut out));
-        assert!(out == run);
-        let mut short = vec![0u8; 4 * BLOCK];
-        assert!(cache.get_run(136, &mut short) && short[..] == run[36 * BLOCK..]);
-        cache.invalidate(120, 1);
-        assert!(!cache.get_run(100, &mut out), "a run with a missing block is a miss");
-        assert!(!cache.get_run(138, &mut short), "so is one running past the cached blocks");
+        let mut out = vec![7u8; 3];
+        assert!(cache.get_run(100, 40, &mut out));
+        assert!(out[..3] == [7, 7, 7] && out[3..] == run[..], "appended after what was there");
+        let mut short = Vec::new();
+        assert!(cache.get_run(136, 4, &mut short) && short[..] == run[36 * BLOCK..]);
+        // A few blocks (one lock each) and a long run (every shard's lock once) alike.
+        for count in [4, 40] {
+            let first = 140 - count as u64;
+            let mut partial = vec![1u8];
+            cache.invalidate(138, 1);
+            assert!(!cache.get_run(first, count, &mut partial), "a run with a missing block");
+            assert_eq!(partial, [1u8], "a miss leaves the buffer as it was");
+            cache.put(138, &run[38 * BLOCK..39 * BLOCK]);
+        }
+        assert!(!cache.get_run(138, 4, &mut short), "so is one running past the cached blocks");
     }
 
     #[test]

@@ -326,8 +326,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Reads `blocks.len()` logical blocks starting at `first` into `out`, verifying each
-    /// mapped block's CRC; holes stay as they are in `out` (zeros).
+    /// Reads `out.len() / BLOCK` logical blocks starting at `first` into `out`, verifying each
+    /// mapped block's CRC; holes read as zeros.
     fn read_blocks(
         &self,
         chunk: ChunkId,
@@ -335,23 +335,29 @@ impl Engine {
         first: u32,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
-        self.read_blocks_from(chunk, rec, first, out, false).map(|_| ())
+        let mut read = Vec::with_capacity(out.len());
+        self.append_blocks(chunk, rec, first, out.len() / BLOCK, &mut read, false)?;
+        out.copy_from_slice(&read);
+        Ok(())
     }
 
-    /// As `read_blocks`; with `memory_only`, returns Ok(false) instead of reading the array
-    /// when a block is neither in the read cache nor in a packer image.
-    fn read_blocks_from(
+    /// Appends `count` logical blocks starting at `first` to `out`, verifying each mapped
+    /// block's CRC; holes append zeros. With `memory_only`, returns Ok(false) instead of
+    /// reading the array when a block is neither in the read cache nor in a packer image
+    /// (`out` then holds some of the blocks: the caller drops it).
+    fn append_blocks(
         &self,
         chunk: ChunkId,
         rec: &ChunkRecord,
         first: u32,
-        out: &mut [u8],
+        count: usize,
+        out: &mut Vec<u8>,
         memory_only: bool,
     ) -> Result<bool, EngineError> {
-        let count = out.len() / BLOCK;
         let mut i = 0usize;
         while i < count {
             let Some(Some(start)) = rec.blocks.get(first as usize + i).copied() else {
+                out.resize(out.len() + BLOCK, 0);
                 i += 1;
                 continue;
             };
@@ -364,10 +370,15 @@ impl Engine {
             {
                 n += 1;
             }
-            let buf = &mut out[i * BLOCK..(i + n) * BLOCK];
-            if !self.read_physical(start.physical, buf, memory_only)? {
-                return Ok(false);
+            let at = out.len();
+            if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out)) {
+                // Not all cached: the run comes from the packer's images or the array.
+                out.resize(at + n * BLOCK, 0);
+                if !self.read_physical(start.physical, &mut out[at..], memory_only)? {
+                    return Ok(false);
+                }
             }
+            let buf = &out[at..at + n * BLOCK];
             for k in 0..n {
                 let logical = first + (i + k) as u32;
                 let Some(Some(b)) = rec.blocks.get(logical as usize).copied() else { continue };
@@ -390,9 +401,9 @@ impl Engine {
         Ok(true)
     }
 
-    /// Reads whole array blocks from `first` into `out`: blocks still held in the packer's
-    /// images come from memory, the rest from the array.
-    /// With `memory_only`, returns Ok(false) rather than read the array.
+    /// Reads whole array blocks from `first` into `out`, past the read cache: blocks still
+    /// held in the packer's images come from memory, the rest from the array (and may fill
+    /// the cache). With `memory_only`, returns Ok(false) rather than read the array.
     fn read_physical(
         &self,
         first: u64,
@@ -401,9 +412,6 @@ impl Engine {
     ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
         let small = count <= SMALL_IO_BLOCKS;
-        if self.cache.enabled() && self.cache.get_run(first, out) {
-            return Ok(true);
-        }
         let parts = match &self.packer {
             Some(packer) => packer.cached(first, count),
             None => vec![Cached { at: 0, count, image: None }],
@@ -481,8 +489,9 @@ impl Engine {
         }
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
-        let mut buf = vec![0u8; (last - first + 1) as usize * BLOCK];
-        if !self.read_blocks_from(chunk, &rec, first, &mut buf, memory_only)? {
+        let count = (last - first + 1) as usize;
+        let mut buf = Vec::with_capacity(count * BLOCK);
+        if !self.append_blocks(chunk, &rec, first, count, &mut buf, memory_only)? {
             return Ok(None);
         }
         let skip = (offset % BLOCK as u32) as usize;
