@@ -270,22 +270,18 @@ async fn spill_ino(inner: &Inner, ino: Ino) -> FsResult<FileLayout> {
             MetaReply::Attr(attr) => return attr.layout.ok_or(FsStatus::Io),
             other => return Err(unexpected(&other)),
         };
-        if data.is_empty() {
-            clear_spill_leftovers(inner, ino, &layout).await?;
-        } else {
-            // Chunk 0 becomes exactly the inline bytes: the write, and a cut at their end of
-            // whatever longer leftovers it lands on (either order gives the same chunk).
-            let (target, chunk) = (layout.target_of(0), chunk_id(ino, 0));
-            let cut = ChunkTruncate { target, chunk, len: data.len() as u32 };
+        // Chunk 0 then holds exactly the inline bytes, whatever an earlier spill left there.
+        clear_spill_leftovers(inner, ino, &layout).await?;
+        if !data.is_empty() {
             let data = Bytes::from(data);
-            let request =
-                ChunkWrite { target, chunk, offset: 0, crc: crc32c::crc32c(&data), sync: true };
-            let (written, cut, rest) = tokio::join!(
-                inner.storage.chunk_write(request, data),
-                inner.storage.chunk_truncate(cut),
-                remove_chunks(&inner.storage, ObjectId(ino), &layout, 1)
-            );
-            written.and(cut).and(rest)?;
+            let request = ChunkWrite {
+                target: layout.target_of(0),
+                chunk: chunk_id(ino, 0),
+                offset: 0,
+                crc: crc32c::crc32c(&data),
+                sync: true,
+            };
+            inner.storage.chunk_write(request, data).await?;
         }
         let commit = MetaRequest::SpillCommit { ino, layout: layout.clone(), version };
         match inner.meta.call(commit).await {

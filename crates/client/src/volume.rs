@@ -157,17 +157,11 @@ impl VolumeIo {
         let mut parts: Vec<(usize, Bytes)> = Vec::new();
         self.run(jobs, |(piece, data): (Piece, Bytes)| {
             let want = piece.len as usize;
-            let at = piece.offset_in_range;
-            match data.len().cmp(&want) {
-                std::cmp::Ordering::Less => {
-                    let hole = want - data.len();
-                    let after = at + data.len();
-                    parts.push((at, data));
-                    parts.push((after, Bytes::from(vec![0u8; hole])));
-                }
-                std::cmp::Ordering::Equal => parts.push((at, data)),
-                std::cmp::Ordering::Greater => parts.push((at, data.slice(..want))),
-            }
+            let data = data.slice(..data.len().min(want));
+            // A chunk shorter than the piece (or missing) is a hole there: zeros.
+            let hole = (piece.offset_in_range + data.len(), want - data.len());
+            parts.push((piece.offset_in_range, data));
+            parts.push((hole.0, Bytes::from(vec![0u8; hole.1])));
         })
         .await?;
         parts.sort_unstable_by_key(|&(at, _)| at);

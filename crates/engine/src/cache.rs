@@ -120,26 +120,13 @@ impl BlockCache {
     pub(crate) fn get_run(&self, first: u64, count: usize, out: &mut Vec<u8>) -> bool {
         let start = out.len();
         out.reserve(count * BLOCK);
-        let mut found = 0;
-        if count < SHARDS {
-            for k in 0..count {
-                let block = first + k as u64;
-                let mut shard = lock(self.shard(block));
-                let Some(slot) = shard.map.get_mut(&block) else { break };
-                slot.referenced = true;
-                out.extend_from_slice(&slot.data[..]);
-                found += 1;
-            }
+        let blocks = first..first + count as u64;
+        let found = if count < SHARDS {
+            blocks.take_while(|&b| lock(self.shard(b)).copy_out(b, out)).count()
         } else {
             let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
-            for k in 0..count {
-                let block = first + k as u64;
-                let Some(slot) = shards[shard_of(block)].map.get_mut(&block) else { break };
-                slot.referenced = true;
-                out.extend_from_slice(&slot.data[..]);
-                found += 1;
-            }
-        }
+            blocks.take_while(|&b| shards[shard_of(b)].copy_out(b, out)).count()
+        };
         self.hits.fetch_add(found as u64, Ordering::Relaxed);
         if found < count {
             self.misses.fetch_add(1, Ordering::Relaxed);
@@ -213,6 +200,14 @@ const SEEN_PER_CAPACITY: usize = 4;
 const ROOM_PROBES: usize = 32;
 
 impl Shard {
+    /// Appends `block`'s bytes to `out` and marks it referenced, if cached.
+    fn copy_out(&mut self, block: u64, out: &mut Vec<u8>) -> bool {
+        let Some(slot) = self.map.get_mut(&block) else { return false };
+        slot.referenced = true;
+        out.extend_from_slice(&slot.data[..]);
+        true
+    }
+
     /// A block a fill met: cached at its second fill (into free room), noted at its first.
     fn admit(&mut self, block: u64, bytes: &[u8], capacity: usize) {
         if self.seen.remove(&block) {

@@ -213,7 +213,7 @@ const REPLY_BATCH_BYTES: usize = 256 * 1024;
 
 /// One reply's bytes: its head (the header, or the whole reply) and the data that follows,
 /// in the backend's own buffers (see [`Backend::read_parts_async`]), sent without a copy.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Message {
     head: Vec<u8>,
     data: Vec<Bytes>,
@@ -624,8 +624,13 @@ async fn run_async(
 /// A READ reply with room for `length` bytes of data after its header, and where they start.
 /// A structured reply carries the data as one OFFSET_DATA chunk (at most 32 MiB), so DF holds.
 fn read_reply_buffer(length: usize, structured: bool) -> (Vec<u8>, usize) {
-    let prefix = if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
+    let prefix = read_reply_prefix(structured);
     (vec![0u8; prefix + length], prefix)
+}
+
+/// Bytes of a READ reply before its data.
+fn read_reply_prefix(structured: bool) -> usize {
+    if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES }
 }
 
 /// The header of a READ reply carrying `length` bytes of data: as many bytes as
@@ -648,7 +653,7 @@ fn read_reply_head(handle: u64, offset: u64, length: usize, structured: bool) ->
 
 /// Fills in the header of a READ reply whose data the backend has written.
 fn read_reply_done(mut message: Vec<u8>, handle: u64, offset: u64, structured: bool) -> Done {
-    let prefix = if structured { OFFSET_DATA_PREFIX_BYTES } else { SIMPLE_REPLY_HEADER_BYTES };
+    let prefix = read_reply_prefix(structured);
     let length = message.len() - prefix;
     message[..prefix].copy_from_slice(&read_reply_head(handle, offset, length, structured));
     Done { message: message.into(), bytes_read: length as u64, bytes_written: 0 }

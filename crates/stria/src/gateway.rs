@@ -110,15 +110,6 @@ impl Backend for VolumeBackend {
     // A flush syncs every target of the volume's layout, which covers writes from every
     // connection and every export of the volume.
 
-    fn read_async<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> Option<BackendFuture<'a>> {
-        Some(Box::pin(async move {
-            let started = Instant::now();
-            self.io.read_into_async(offset, buf).await.map_err(|e| backend_error("read", e))?;
-            self.counts.read(buf.len(), started);
-            Ok(())
-        }))
-    }
-
     fn read_parts_async(&self, offset: u64, len: usize) -> Option<PartsFuture<'_>> {
         Some(Box::pin(async move {
             let started = Instant::now();
