@@ -515,7 +515,17 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
         sync_targets(&inner.storage, distinct_targets(layout)).await?;
     }
     if dirty {
-        inner.meta.call(MetaRequest::ExtendSize { ino: file.ino, size, mtime }).await?;
+        let extend = MetaRequest::ExtendSize { ino: file.ino, size, mtime };
+        match inner.meta.call(extend.clone()).await {
+            // The service has the file inline again (see `recommit_spill`).
+            Err(FsStatus::Invalid) if let Some(layout) = &layout => {
+                recommit_spill(inner, file.ino, layout).await?;
+                inner.meta.call(extend).await?;
+            }
+            done => {
+                done?;
+            }
+        }
         let mut state = inode.state();
         // A write that came meanwhile is for the next flush.
         if state.size == size && state.mtime == mtime {
@@ -533,6 +543,32 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
         }
     }
     Ok(())
+}
+
+/// The metadata service has an inline file that this client moved to chunks: it restarted
+/// and lost the spill's commit, acknowledged but not yet durable. Everything this client wrote
+/// since went to the file's chunks under `layout` (what the lost spill wrote to chunk 0 too,
+/// unless the restart's recovery freed it as a stray: then the storage service reports that
+/// loss), so the move is committed again with that layout and the same chunks, as they are.
+/// A file that changed meanwhile (another client wrote inline bytes) fails: EIO, since the
+/// data written here cannot be placed.
+async fn recommit_spill(inner: &Inner, ino: Ino, layout: &FileLayout) -> FsResult<()> {
+    let version = match inner.meta.call(MetaRequest::Spill { ino }).await? {
+        MetaReply::Spilled { version, .. } => version,
+        MetaReply::Attr(attr) if attr.layout.as_ref() == Some(layout) => return Ok(()),
+        MetaReply::Attr(_) => return Err(FsStatus::Io),
+        other => return Err(unexpected(&other)),
+    };
+    tracing::warn!(
+        ino,
+        "the metadata service lost this file's move to chunks; committing it again"
+    );
+    let commit = MetaRequest::SpillCommit { ino, layout: layout.clone(), version };
+    match inner.meta.call(commit).await {
+        Ok(_) => Ok(()),
+        Err(FsStatus::Unavailable) => Err(FsStatus::Io),
+        Err(error) => Err(error),
+    }
 }
 
 /// Drops the chunk data past `size` after a truncate.
