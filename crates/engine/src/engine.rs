@@ -311,6 +311,9 @@ impl Engine {
     }
 
     fn decode_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
+        if let Some(staged) = self.committer.staged(key(chunk)) {
+            return Ok(staged.map(Arc::unwrap_or_clone));
+        }
         match commit::get(&self.db, key(chunk))? {
             None => Ok(None),
             Some(bytes) => ChunkRecord::decode(&bytes)
@@ -774,6 +777,8 @@ impl Engine {
         range: std::ops::RangeInclusive<(u64, u64)>,
         mut visit: impl FnMut(ChunkId, &ChunkRecord),
     ) -> Result<(), EngineError> {
+        // The map itself is read: staged changes go in first.
+        self.committer.flush(&self.db)?;
         let tx = self.db.begin_read()?;
         let table = tx.open_table(CHUNKS)?;
         for entry in table.range(range)? {
@@ -955,8 +960,9 @@ impl Engine {
         rec.len_bytes = new_len;
         // On failure the commit may or may not have reached redb; the new blocks stay allocated
         // (the target is poisoned, and a reopen rebuilds the free map from the map itself).
-        self.committer.commit(&self.db, MapOp::Put(key(chunk), rec.encode()))?;
-        self.records.put(Self::lock_index(chunk), chunk, Arc::new(rec));
+        let rec = Arc::new(rec);
+        self.committer.commit(&self.db, MapOp::Put(key(chunk), rec.clone()))?;
+        self.records.put(Self::lock_index(chunk), chunk, rec);
         if !existed {
             self.chunks.fetch_add(1, Ordering::Relaxed);
         }
