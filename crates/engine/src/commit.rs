@@ -101,7 +101,7 @@ impl Committer {
     /// (until then readers find them staged). The caller holds the commit lock, so nothing is
     /// staged meanwhile.
     fn commit_staged(&self, db: &Database, durability: Durability) -> Result<(), EngineError> {
-        let batch: Vec<_> = {
+        let batch: Vec<Change> = {
             let staged = lock(&self.staged);
             if let Some(reason) = &staged.failed {
                 return Err(EngineError::Poisoned(reason.clone()));
@@ -168,11 +168,10 @@ impl Committer {
     }
 }
 
-fn apply(
-    db: &Database,
-    batch: Vec<((u64, u64), Option<Arc<ChunkRecord>>)>,
-    durability: Durability,
-) -> Result<(), EngineError> {
+/// A key and its staged change: the record, or `None` for a removal.
+type Change = ((u64, u64), Option<Arc<ChunkRecord>>);
+
+fn apply(db: &Database, batch: Vec<Change>, durability: Durability) -> Result<(), EngineError> {
     let mut tx = db.begin_write()?;
     tx.set_durability(durability)?;
     {
