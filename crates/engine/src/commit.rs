@@ -1,21 +1,25 @@
 //! Batched commits of chunk-map changes into redb.
 //!
 //! A change is staged, not committed: it waits in memory with the others until
-//! [`PENDING_MAX`] of them have gathered, a reader needs the map itself (a scan), or a sync
-//! makes everything durable; then one write transaction applies them all. Commits were never
+//! [`PENDING_MAX`] of them have gathered or a sync makes everything durable; then one write
+//! transaction applies them all. Commits were never
 //! durable on their own (a crash rolls the map back to the last durable commit either way), so
 //! a staged change is as safe as a non-durable commit, and much cheaper: a redb write
 //! transaction costs more than the 4 KiB write it records, and a lone writer (one NBD
 //! connection, one FUSE writer) never had company to share it with.
 //!
-//! Readers of single records look in the staged changes before the map (see
-//! [`Committer::staged`]). A failed commit poisons the committer: every later change is
-//! refused, as a failed fsync must not be retried as if nothing happened.
+//! Readers of single records look in the staged changes before the map
+//! ([`Committer::staged`]); scans merge them into what they read ([`Committer::read_with_staged`]).
+//! A failed commit poisons the committer: every later change is refused, as a failed fsync must
+//! not be retried as if nothing happened. What it failed to commit stays staged, so reads go on
+//! returning what writers were told was written, until the target is reopened (and the map is
+//! back at its last durable commit).
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+use redb::{Database, Durability, ReadTransaction, ReadableDatabase, TableDefinition};
 
 use crate::EngineError;
 use crate::hash::WordHash;
@@ -91,10 +95,26 @@ impl Committer {
         lock(&self.staged).changes.get(&key).cloned()
     }
 
-    /// Commits every staged change (not durably), for readers of the map itself.
-    pub(crate) fn flush(&self, db: &Database) -> Result<(), EngineError> {
-        let _commit = lock(&self.commit_lock);
-        self.commit_staged(db, Durability::None)
+    /// A read transaction of the map and the changes staged over it in `range`, by key: the
+    /// two together are the map as of now. Taken under the staged lock, which a commit holds to
+    /// drop what it committed, so no change is in both halves with different values or in
+    /// neither.
+    pub(crate) fn read_with_staged(
+        &self,
+        db: &Database,
+        range: &RangeInclusive<(u64, u64)>,
+    ) -> Result<(ReadTransaction, Vec<Change>), EngineError> {
+        let staged = lock(&self.staged);
+        let mut changes: Vec<Change> = staged
+            .changes
+            .iter()
+            .filter(|(key, _)| range.contains(key))
+            .map(|(&key, rec)| (key, rec.clone()))
+            .collect();
+        let tx = db.begin_read()?;
+        drop(staged);
+        changes.sort_unstable_by_key(|&(key, _)| key);
+        Ok((tx, changes))
     }
 
     /// Applies the staged changes in one transaction and drops them once it has committed
@@ -169,7 +189,7 @@ impl Committer {
 }
 
 /// A key and its staged change: the record, or `None` for a removal.
-type Change = ((u64, u64), Option<Arc<ChunkRecord>>);
+pub(crate) type Change = ((u64, u64), Option<Arc<ChunkRecord>>);
 
 fn apply(db: &Database, batch: Vec<Change>, durability: Durability) -> Result<(), EngineError> {
     let mut tx = db.begin_write()?;
@@ -241,13 +261,14 @@ mod tests {
         assert_eq!(committed_len(&db, (1, 5)), Some(5));
         assert_eq!(committed_len(&db, (1, 7)), None);
         assert_eq!(committed_len(&db, (2, 0)), Some(4096));
-        // A flush commits a part batch; a durable commit covers every change staged before it.
+        // A scan gets the staged part; a durable commit covers every change staged before it.
         committer.commit(&db, MapOp::Put((3, 0), record(1))).expect("stage");
         assert!(committer.has_changes_to_sync());
-        committer.flush(&db).expect("flush");
-        assert_eq!(committed_len(&db, (3, 0)), Some(1));
+        let (_, staged) = committer.read_with_staged(&db, &((3, 0)..=(3, u64::MAX))).expect("read");
+        assert_eq!(staged.len(), 1);
         committer.commit(&db, MapOp::Put((3, 1), record(2))).expect("stage");
         committer.durable(&db, || Ok(()), |synced| assert!(synced)).expect("durable");
+        assert_eq!(committed_len(&db, (3, 0)), Some(1));
         assert_eq!(committed_len(&db, (3, 1)), Some(2));
         assert!(!committer.has_changes_to_sync());
     }

@@ -285,7 +285,8 @@ impl Engine {
         ((h.finish() >> 40) % CHUNK_LOCK_STRIPES as u64) as usize
     }
 
-    /// The committed record of `chunk`, from the record cache or the chunk map; the caller
+    /// The current record of `chunk`, from the record cache, the staged changes or the chunk
+    /// map; the caller
     /// holds the chunk's lock (shared or exclusive), which keeps the cache coherent.
     pub(crate) fn load_record(
         &self,
@@ -302,7 +303,7 @@ impl Engine {
     }
 
     /// The record of `chunk` to change: taken out of the record cache (the change puts the
-    /// committed one back), or read from the chunk map. The chunk's lock is held exclusively.
+    /// new one back), or read from the staged changes or the chunk map. The chunk's lock is held exclusively.
     fn take_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
         match self.records.take(Self::lock_index(chunk), chunk) {
             Some(rec) => Ok(Some(Arc::unwrap_or_clone(rec))),
@@ -770,24 +771,35 @@ impl Engine {
         Ok(out)
     }
 
-    /// Calls `visit` with every record in `range`, in key order, from one read transaction
-    /// (a consistent view of the map).
+    /// Calls `visit` with every record in `range`, in key order, from one consistent view of
+    /// the map: a read transaction with the changes staged over it merged in.
     pub(crate) fn scan_records(
         &self,
         range: std::ops::RangeInclusive<(u64, u64)>,
         mut visit: impl FnMut(ChunkId, &ChunkRecord),
     ) -> Result<(), EngineError> {
-        // The map itself is read: staged changes go in first.
-        self.committer.flush(&self.db)?;
-        let tx = self.db.begin_read()?;
+        let chunk_of = |(object, index): (u64, u64)| ChunkId { object: ObjectId(object), index };
+        let (tx, staged) = self.committer.read_with_staged(&self.db, &range)?;
+        // The staged changes, in key order, are merged in as the map's keys pass them; a staged
+        // removal is a record not to visit.
+        let mut staged = staged.into_iter().peekable();
         let table = tx.open_table(CHUNKS)?;
         for entry in table.range(range)? {
             let (k, v) = entry?;
-            let (object, index) = k.value();
-            let chunk = ChunkId { object: ObjectId(object), index };
+            let key = k.value();
+            while let Some((before, change)) = staged.next_if(|(staged_key, _)| *staged_key < key) {
+                change.inspect(|rec| visit(chunk_of(before), rec));
+            }
+            if let Some((_, change)) = staged.next_if(|(staged_key, _)| *staged_key == key) {
+                change.inspect(|rec| visit(chunk_of(key), rec));
+                continue;
+            }
             let rec = ChunkRecord::decode(v.value())
-                .map_err(|e| EngineError::MapCorrupt(format!("chunk {chunk}: {e}")))?;
-            visit(chunk, &rec);
+                .map_err(|e| EngineError::MapCorrupt(format!("chunk {}: {e}", chunk_of(key))))?;
+            visit(chunk_of(key), &rec);
+        }
+        for (after, change) in staged {
+            change.inspect(|rec| visit(chunk_of(after), rec));
         }
         Ok(())
     }
@@ -827,7 +839,9 @@ impl Engine {
     /// Syncs when a change was made since the last sync; returns whether it synced. For a
     /// periodic flusher: an idle target costs nothing.
     pub fn sync_if_changed(&self) -> Result<bool, EngineError> {
-        if !self.committer.has_changes_to_sync() {
+        // Parked blocks count as a change: a change parks the blocks it replaced after it is
+        // staged, so a sync in between covers the change but leaves its blocks parked.
+        if !self.committer.has_changes_to_sync() && lock(&self.alloc).pending_blocks() == 0 {
             return Ok(false);
         }
         self.sync()?;
@@ -835,7 +849,7 @@ impl Engine {
     }
 
     /// Whether a write of `len` bytes at `offset` of a chunk is packed into the open stripe:
-    /// it then copies into memory and commits the chunk map, with no array I/O unless it
+    /// it then copies into memory and stages its chunk-map change, with no array I/O unless it
     /// completes a stripe. The storage service runs such writes on its async worker.
     pub fn write_is_buffered(&self, offset: u32, len: u32) -> bool {
         self.packer.as_ref().is_some_and(|p| p.takes(offset as u64, len as u64))

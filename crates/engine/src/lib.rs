@@ -13,7 +13,8 @@
 //!   `(object, index) -> record` (length, extents logical -> physical, one CRC32C per block),
 //!   and table `meta` with the identity that must match the superblock.
 //! - **Writes are copy-on-write per block**: new blocks are allocated and written, the record is
-//!   committed (non-durably, in a group commit), and the replaced blocks are parked until the
+//!   staged (committed with others later, and durably by the next sync), and the replaced
+//!   blocks are parked until the
 //!   next durable commit. On RAID 5/6, writes smaller than a stripe are packed into an open
 //!   stripe held in memory, so the array sees no partial-stripe updates (`packer.rs`).
 //!   [`Engine::sync`] flushes the array, then commits durably, then frees

@@ -4,9 +4,9 @@
 //! The cache is split into the same shards as the chunk locks, and its coherence rests on them:
 //! a record enters the cache only while its chunk's lock is held (shared or exclusive), and the
 //! chunk map changes a record only with that lock held exclusively, by a path that first takes
-//! the cached copy out ([`RecordCache::take`]) and puts the committed record back once the
-//! commit succeeded. A cached record is therefore always the committed one; a failed commit
-//! leaves nothing behind, and the next read loads from the map again.
+//! the cached copy out ([`RecordCache::take`]) and puts the new record back once it is staged
+//! for commit (`commit.rs`). A cached record is therefore always the current one; a change that
+//! fails before it is staged leaves nothing behind, and the next read loads the record again.
 //!
 //! Each shard holds its share of the target's record budget (their block vectors), and at
 //! least room for one record of the largest chunk; past that, other entries of the shard are
@@ -78,7 +78,7 @@ impl RecordCache {
         Some(rec)
     }
 
-    /// Keeps `rec` as the committed record of `chunk`; the chunk's lock is held.
+    /// Keeps `rec` as the current record of `chunk`; the chunk's lock is held.
     pub(crate) fn put(&self, shard: usize, chunk: ChunkId, rec: Arc<ChunkRecord>) {
         let size = cost(&rec);
         if size > self.shard_bytes_max {
