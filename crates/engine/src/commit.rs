@@ -49,15 +49,21 @@ struct Staged {
     staged: u64,
     durable_upto: u64,
     failed: Option<String>,
+    /// A sync is between taking its batch and dropping what it committed: no other commit may
+    /// run (a durable commit makes every earlier commit durable, and those of changes staged
+    /// after the sync began may name blocks its flush did not cover).
+    syncing: bool,
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Committer {
     staged: Mutex<Staged>,
-    /// Held to stage a change and across every commit; a sync holds it across the array flush
-    /// and the durable commit, so no change is staged between them (its data would not be
-    /// flushed, nor its replaced blocks kept from reuse).
+    /// Held to stage a change and across every commit but a sync's; a sync holds it while it
+    /// takes its batch and the parked blocks, so that every parked block it frees was replaced
+    /// by a change in its batch.
     commit_lock: Mutex<()>,
+    /// One sync at a time.
+    sync_lock: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,9 +91,10 @@ impl Committer {
                 };
                 staged.staged += 1;
             }
-            staged.changes.len() >= PENDING_MAX
+            // While a sync runs, changes pile up: the first change after it commits them.
+            !staged.syncing && staged.changes.len() >= PENDING_MAX
         };
-        if full { self.commit_staged(db, Durability::None) } else { Ok(()) }
+        if full { self.commit_staged(db) } else { Ok(()) }
     }
 
     /// The staged change of `key`, if any: `Some(None)` when it was removed.
@@ -120,18 +127,15 @@ impl Committer {
     /// Applies the staged changes in one transaction and drops them once it has committed
     /// (until then readers find them staged). The caller holds the commit lock, so nothing is
     /// staged meanwhile.
-    fn commit_staged(&self, db: &Database, durability: Durability) -> Result<(), EngineError> {
+    fn commit_staged(&self, db: &Database) -> Result<(), EngineError> {
         let batch: Vec<Change> = {
             let staged = lock(&self.staged);
             if let Some(reason) = &staged.failed {
                 return Err(EngineError::Poisoned(reason.clone()));
             }
-            if staged.changes.is_empty() && matches!(durability, Durability::None) {
-                return Ok(());
-            }
             staged.changes.iter().map(|(&key, rec)| (key, rec.clone())).collect()
         };
-        match apply(db, batch, durability) {
+        match apply(db, batch, Durability::None) {
             Ok(()) => {
                 lock(&self.staged).changes.clear();
                 Ok(())
@@ -146,30 +150,59 @@ impl Committer {
         }
     }
 
-    /// Runs `flush` (the array flush) and then commits every staged change durably, with no
-    /// change staged in between, then `done` with the outcome, still under the commit lock: a
-    /// sync that waited for this one sees everything `done` did.
-    pub(crate) fn durable(
+    /// A sync: takes the staged changes and, with nothing staged in between, runs
+    /// `take_parked` (the blocks those changes replaced); then, with writers free to go on
+    /// staging, runs `flush` (the array flush) and commits the changes it took durably; then
+    /// drops from the staged changes those it committed (not those staged again since), and
+    /// hands what `take_parked` returned to `settle` with the outcome (to free or put back).
+    /// Syncs run one at a time, `settle` included, and no other commit runs until this one is
+    /// done.
+    pub(crate) fn durable<P>(
         &self,
         db: &Database,
+        take_parked: impl FnOnce() -> P,
         flush: impl FnOnce() -> Result<(), EngineError>,
-        done: impl FnOnce(bool),
+        settle: impl FnOnce(P, bool),
     ) -> Result<(), EngineError> {
-        self.check()?;
-        let _commit = lock(&self.commit_lock);
-        // Nothing is staged while the commit lock is held: this is what the durable commit
-        // covers.
-        let upto = lock(&self.staged).staged;
-        let result = flush().and_then(|()| self.commit_staged(db, Durability::Immediate));
-        done(result.is_ok());
-        if result.is_ok() {
+        let _one = lock(&self.sync_lock);
+        let (batch, upto, parked) = {
+            let _commit = lock(&self.commit_lock);
             let mut staged = lock(&self.staged);
-            staged.durable_upto = staged.durable_upto.max(upto);
+            if let Some(reason) = &staged.failed {
+                return Err(EngineError::Poisoned(reason.clone()));
+            }
+            staged.syncing = true;
+            let batch: Vec<Change> =
+                staged.changes.iter().map(|(&key, rec)| (key, rec.clone())).collect();
+            let upto = staged.staged;
+            drop(staged);
+            (batch, upto, take_parked())
+        };
+        let result = flush().and_then(|()| apply(db, batch.clone(), Durability::Immediate));
+        let mut staged = lock(&self.staged);
+        staged.syncing = false;
+        match &result {
+            Ok(()) => {
+                for (key, committed) in batch {
+                    let unchanged =
+                        staged.changes.get(&key).is_some_and(|now| match (now, &committed) {
+                            (Some(now), Some(committed)) => Arc::ptr_eq(now, committed),
+                            (None, None) => true,
+                            _ => false,
+                        });
+                    if unchanged {
+                        staged.changes.remove(&key);
+                    }
+                }
+                staged.durable_upto = staged.durable_upto.max(upto);
+            }
+            Err(e) => {
+                tracing::error!("sync failed, target goes read-only: {e}");
+                staged.failed.get_or_insert_with(|| format!("sync failed: {e}"));
+            }
         }
-        if let Err(e) = &result {
-            tracing::error!("sync failed, target goes read-only: {e}");
-            lock(&self.staged).failed.get_or_insert_with(|| format!("sync failed: {e}"));
-        }
+        drop(staged);
+        settle(parked, result.is_ok());
         result
     }
 
@@ -267,7 +300,7 @@ mod tests {
         let (_, staged) = committer.read_with_staged(&db, &((3, 0)..=(3, u64::MAX))).expect("read");
         assert_eq!(staged.len(), 1);
         committer.commit(&db, MapOp::Put((3, 1), record(2))).expect("stage");
-        committer.durable(&db, || Ok(()), |synced| assert!(synced)).expect("durable");
+        committer.durable(&db, || (), || Ok(()), |(), synced| assert!(synced)).expect("durable");
         assert_eq!(committed_len(&db, (3, 0)), Some(1));
         assert_eq!(committed_len(&db, (3, 1)), Some(2));
         assert!(!committer.has_changes_to_sync());
@@ -280,8 +313,9 @@ mod tests {
         committer.commit(&db, MapOp::Put((1, 0), record(1))).expect("stage");
         let failed = committer.durable(
             &db,
+            || (),
             || Err(EngineError::Poisoned("flush failed".into())),
-            |synced| assert!(!synced),
+            |(), synced| assert!(!synced),
         );
         assert!(failed.is_err());
         assert!(matches!(

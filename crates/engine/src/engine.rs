@@ -807,30 +807,27 @@ impl Engine {
     /// Makes every change that returned before this call durable: the array is flushed, then
     /// the chunk map commits durably, then the blocks those changes freed become reusable.
     pub fn sync(&self) -> Result<(), EngineError> {
-        let pending = std::cell::RefCell::new(Vec::new());
         self.committer.durable(
             &self.db,
+            // Taken with nothing staged meanwhile: every parked block was replaced by a change
+            // that the durable commit covers.
+            || lock(&self.alloc).take_pending(),
             || {
                 // The open stripe closes before the flush: its blocks are about to become
                 // durable and must never be written again.
                 if let Some(p) = &self.packer {
                     p.close(&self.array, &self.alloc, &self.cache)?;
                 }
-                // Taken under the commit lock: every pending run belongs to a commit that the
-                // durable commit below covers.
-                *pending.borrow_mut() = lock(&self.alloc).take_pending();
-                self.array.flush()?;
-                Ok(())
+                Ok(self.array.flush()?)
             },
-            // Still under the commit lock, so a writer short of space that syncs after this
+            // Before the next sync may start, so a writer short of space that syncs after this
             // one finds the freed blocks.
-            |synced| {
-                let pending = pending.take();
+            |parked, synced| {
                 let mut alloc = lock(&self.alloc);
                 if synced {
-                    alloc.release(&pending);
+                    alloc.release(&parked);
                 } else {
-                    alloc.restore_pending(pending);
+                    alloc.restore_pending(parked);
                 }
             },
         )
