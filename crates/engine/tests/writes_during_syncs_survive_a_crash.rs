@@ -28,7 +28,7 @@ struct Shared {
 }
 
 fn writer(shared: &Shared, engine: &Engine, index: u64, seed: u64) {
-    let mut rng = Rng::new(seed ^ (index + 1) * 0x9e37);
+    let mut rng = Rng::new(seed ^ ((index + 1) * 0x9e37));
     let mine: Vec<usize> =
         (0..CHUNKS_PER_WRITER).map(|k| (index * CHUNKS_PER_WRITER + k) as usize).collect();
     while !shared.stop_writers.load(Ordering::Relaxed) {
