@@ -2,14 +2,15 @@
 //!
 //! A change is staged, not committed: it waits in memory with the others until
 //! [`PENDING_MAX`] of them have gathered or a sync makes everything durable; then one write
-//! transaction applies them all. Commits were never
-//! durable on their own (a crash rolls the map back to the last durable commit either way), so
-//! a staged change is as safe as a non-durable commit, and much cheaper: a redb write
-//! transaction costs more than the 4 KiB write it records, and a lone writer (one NBD
-//! connection, one FUSE writer) never had company to share it with.
+//! transaction applies them all. Commits were never durable on their own (a crash rolls the map
+//! back to the last durable commit either way), so a staged change is as safe as a
+//! non-durable commit, and much cheaper: a redb write transaction costs more than the 4 KiB
+//! write it records, and a lone writer (one NBD connection, one FUSE writer) never had company
+//! to share it with.
 //!
 //! Readers of single records look in the staged changes before the map
-//! ([`Committer::staged`]); scans merge them into what they read ([`Committer::read_with_staged`]).
+//! ([`Committer::staged`]); scans merge them into what they read
+//! ([`Committer::read_with_staged`]).
 //! A failed commit poisons the committer: every later change is refused, as a failed fsync must
 //! not be retried as if nothing happened. What it failed to commit stays staged, so reads go on
 //! returning what writers were told was written, until the target is reopened (and the map is
@@ -34,12 +35,8 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 /// to about 150 KiB; more saves little, as the commit's fixed cost is then spread thin.
 pub(crate) const PENDING_MAX: usize = 64;
 
-/// One change to the chunk map.
-#[derive(Debug)]
-pub(crate) enum MapOp {
-    Put((u64, u64), Arc<ChunkRecord>),
-    Delete((u64, u64)),
-}
+/// A key of the chunk map and its change: the new record, or `None` for a removal.
+pub(crate) type Change = ((u64, u64), Option<Arc<ChunkRecord>>);
 
 #[derive(Debug, Default)]
 struct Staged {
@@ -53,6 +50,13 @@ struct Staged {
     /// run (a durable commit makes every earlier commit durable, and those of changes staged
     /// after the sync began may name blocks its flush did not cover).
     syncing: bool,
+}
+
+impl Staged {
+    /// Every staged change, for a commit.
+    fn batch(&self) -> Vec<Change> {
+        self.changes.iter().map(|(&key, rec)| (key, rec.clone())).collect()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -71,24 +75,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Committer {
-    /// Stages `op`; readers see it at once. Commits the batch when it is full.
-    pub(crate) fn commit(&self, db: &Database, op: MapOp) -> Result<(), EngineError> {
-        self.commit_all(db, vec![op])
+    /// Stages `change`; readers see it at once. Commits the batch when it is full.
+    pub(crate) fn commit(&self, db: &Database, change: Change) -> Result<(), EngineError> {
+        self.commit_all(db, vec![change])
     }
 
-    /// Stages `ops`, in order; commits the batch when it is full.
-    pub(crate) fn commit_all(&self, db: &Database, ops: Vec<MapOp>) -> Result<(), EngineError> {
+    /// Stages `changes`, in order; commits the batch when it is full.
+    pub(crate) fn commit_all(
+        &self,
+        db: &Database,
+        changes: Vec<Change>,
+    ) -> Result<(), EngineError> {
         let _commit = lock(&self.commit_lock);
         let full = {
             let mut staged = lock(&self.staged);
             if let Some(reason) = &staged.failed {
                 return Err(EngineError::Poisoned(reason.clone()));
             }
-            for op in ops {
-                match op {
-                    MapOp::Put(key, rec) => staged.changes.insert(key, Some(rec)),
-                    MapOp::Delete(key) => staged.changes.insert(key, None),
-                };
+            for (key, change) in changes {
+                staged.changes.insert(key, change);
                 staged.staged += 1;
             }
             // While a sync runs, changes pile up: the first change after it commits them.
@@ -133,7 +138,7 @@ impl Committer {
             if let Some(reason) = &staged.failed {
                 return Err(EngineError::Poisoned(reason.clone()));
             }
-            staged.changes.iter().map(|(&key, rec)| (key, rec.clone())).collect()
+            staged.batch()
         };
         match apply(db, batch, Durability::None) {
             Ok(()) => {
@@ -172,8 +177,7 @@ impl Committer {
                 return Err(EngineError::Poisoned(reason.clone()));
             }
             staged.syncing = true;
-            let batch: Vec<Change> =
-                staged.changes.iter().map(|(&key, rec)| (key, rec.clone())).collect();
+            let batch = staged.batch();
             let upto = staged.staged;
             drop(staged);
             (batch, upto, take_parked())
@@ -220,9 +224,6 @@ impl Committer {
         }
     }
 }
-
-/// A key and its staged change: the record, or `None` for a removal.
-pub(crate) type Change = ((u64, u64), Option<Arc<ChunkRecord>>);
 
 fn apply(db: &Database, batch: Vec<Change>, durability: Durability) -> Result<(), EngineError> {
     let mut tx = db.begin_write()?;
@@ -281,25 +282,25 @@ mod tests {
         let committer = Committer::default();
         // Below the batch size: staged, visible through `staged`, not yet in the map.
         for i in 0..PENDING_MAX as u64 - 1 {
-            committer.commit(&db, MapOp::Put((1, i), record(i as u32))).expect("stage");
+            committer.commit(&db, ((1, i), Some(record(i as u32)))).expect("stage");
         }
         assert_eq!(committer.staged((1, 5)).flatten().map(|r| r.len_bytes), Some(5));
         assert_eq!(committed_len(&db, (1, 5)), None);
         // A removal staged over a staged record hides it.
-        committer.commit(&db, MapOp::Delete((1, 7))).expect("stage");
+        committer.commit(&db, ((1, 7), None)).expect("stage");
         assert!(matches!(committer.staged((1, 7)), Some(None)));
         // The batch is full now: committed, nothing left staged.
-        committer.commit(&db, MapOp::Put((2, 0), record(4096))).expect("stage");
+        committer.commit(&db, ((2, 0), Some(record(4096)))).expect("stage");
         assert!(committer.staged((1, 5)).is_none());
         assert_eq!(committed_len(&db, (1, 5)), Some(5));
         assert_eq!(committed_len(&db, (1, 7)), None);
         assert_eq!(committed_len(&db, (2, 0)), Some(4096));
         // A scan gets the staged part; a durable commit covers every change staged before it.
-        committer.commit(&db, MapOp::Put((3, 0), record(1))).expect("stage");
+        committer.commit(&db, ((3, 0), Some(record(1)))).expect("stage");
         assert!(committer.has_changes_to_sync());
         let (_, staged) = committer.read_with_staged(&db, &((3, 0)..=(3, u64::MAX))).expect("read");
         assert_eq!(staged.len(), 1);
-        committer.commit(&db, MapOp::Put((3, 1), record(2))).expect("stage");
+        committer.commit(&db, ((3, 1), Some(record(2)))).expect("stage");
         committer.durable(&db, || (), || Ok(()), |(), synced| assert!(synced)).expect("durable");
         assert_eq!(committed_len(&db, (3, 0)), Some(1));
         assert_eq!(committed_len(&db, (3, 1)), Some(2));
@@ -310,7 +311,7 @@ mod tests {
     fn a_failed_sync_refuses_every_later_change() {
         let db = db();
         let committer = Committer::default();
-        committer.commit(&db, MapOp::Put((1, 0), record(1))).expect("stage");
+        committer.commit(&db, ((1, 0), Some(record(1)))).expect("stage");
         let failed = committer.durable(
             &db,
             || (),
@@ -319,7 +320,7 @@ mod tests {
         );
         assert!(failed.is_err());
         assert!(matches!(
-            committer.commit(&db, MapOp::Put((1, 1), record(1))),
+            committer.commit(&db, ((1, 1), Some(record(1)))),
             Err(EngineError::Poisoned(_))
         ));
         // What was staged before stays visible: it was acknowledged.

@@ -14,7 +14,7 @@ use stria_raid::Array;
 
 use crate::alloc::{Allocator, Run};
 use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
-use crate::commit::{self, CHUNKS, Committer, META, MapOp};
+use crate::commit::{self, CHUNKS, Committer, META};
 use crate::packer::{Cached, Packer};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
 use crate::records::RecordCache;
@@ -286,8 +286,8 @@ impl Engine {
     }
 
     /// The current record of `chunk`, from the record cache, the staged changes or the chunk
-    /// map; the caller
-    /// holds the chunk's lock (shared or exclusive), which keeps the cache coherent.
+    /// map; the caller holds the chunk's lock (shared or exclusive), which keeps the cache
+    /// coherent.
     pub(crate) fn load_record(
         &self,
         chunk: ChunkId,
@@ -303,7 +303,8 @@ impl Engine {
     }
 
     /// The record of `chunk` to change: taken out of the record cache (the change puts the
-    /// new one back), or read from the staged changes or the chunk map. The chunk's lock is held exclusively.
+    /// new one back), or read from the staged changes or the chunk map. The chunk's lock is
+    /// held exclusively.
     fn take_record(&self, chunk: ChunkId) -> Result<Option<ChunkRecord>, EngineError> {
         match self.records.take(Self::lock_index(chunk), chunk) {
             Some(rec) => Ok(Some(Arc::unwrap_or_clone(rec))),
@@ -704,7 +705,7 @@ impl Engine {
 
     /// Deletes the record of `chunk` and parks its blocks; the chunk's lock is held exclusively.
     fn remove_locked(&self, chunk: ChunkId, rec: &ChunkRecord) -> Result<(), EngineError> {
-        self.committer.commit(&self.db, MapOp::Delete(key(chunk)))?;
+        self.committer.commit(&self.db, (key(chunk), None))?;
         self.release_later(&rec.physical_runs());
         self.chunks.fetch_sub(1, Ordering::Relaxed);
         Ok(())
@@ -733,19 +734,19 @@ impl Engine {
             .iter()
             .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
             .collect();
-        let mut ops = Vec::new();
+        let mut removals = Vec::new();
         let mut runs = Vec::new();
         for &chunk in &chunks {
             if let Some(rec) = self.take_record(chunk)? {
-                ops.push(MapOp::Delete(key(chunk)));
+                removals.push((key(chunk), None));
                 runs.extend(rec.physical_runs());
             }
         }
-        if ops.is_empty() {
+        if removals.is_empty() {
             return Ok(0);
         }
-        let removed = ops.len() as u64;
-        self.committer.commit_all(&self.db, ops)?;
+        let removed = removals.len() as u64;
+        self.committer.commit_all(&self.db, removals)?;
         self.release_later(&runs);
         self.chunks.fetch_sub(removed, Ordering::Relaxed);
         Ok(removed)
@@ -969,10 +970,10 @@ impl Engine {
             replaced.extend(slot.map(|b| b.physical));
         }
         rec.len_bytes = new_len;
-        // On failure the commit may or may not have reached redb; the new blocks stay allocated
-        // (the target is poisoned, and a reopen rebuilds the free map from the map itself).
+        // On failure (a poisoned target, or a batch commit that failed and poisoned it) the new
+        // blocks stay allocated: a reopen rebuilds the free map from the map itself.
         let rec = Arc::new(rec);
-        self.committer.commit(&self.db, MapOp::Put(key(chunk), rec.clone()))?;
+        self.committer.commit(&self.db, (key(chunk), Some(rec.clone())))?;
         self.records.put(Self::lock_index(chunk), chunk, rec);
         if !existed {
             self.chunks.fetch_add(1, Ordering::Relaxed);
