@@ -12,27 +12,27 @@ use crate::types::*;
 impl Meta {
     /// Regular files and their bytes owned by `uid`.
     pub fn usage_by_uid(&self, uid: u32) -> Result<Usage> {
-        self.read(|rx| load_usage(rx.usage()?, store::CLASS_UID, uid as u64))
+        self.read_counters(|rx| load_usage(rx.usage()?, store::CLASS_UID, uid as u64))
     }
 
     pub fn usage_by_gid(&self, gid: u32) -> Result<Usage> {
-        self.read(|rx| load_usage(rx.usage()?, store::CLASS_GID, gid as u64))
+        self.read_counters(|rx| load_usage(rx.usage()?, store::CLASS_GID, gid as u64))
     }
 
     /// Usage of the fileset rooted at the top-level directory `fileset` (a child of root);
     /// `ROOT_INO` gives the files directly in the root.
     pub fn usage_by_fileset(&self, fileset: Ino) -> Result<Usage> {
-        self.read(|rx| load_usage(rx.usage()?, store::CLASS_FILESET, fileset))
+        self.read_counters(|rx| load_usage(rx.usage()?, store::CLASS_FILESET, fileset))
     }
 
     /// All regular files.
     pub fn usage_total(&self) -> Result<Usage> {
-        self.read(|rx| load_usage(rx.usage()?, store::CLASS_TOTAL, 0))
+        self.read_counters(|rx| load_usage(rx.usage()?, store::CLASS_TOTAL, 0))
     }
 
     /// Files per size class: < 4 KiB, < 64 KiB, < 1 MiB, < 64 MiB, >= 64 MiB.
     pub fn size_histogram(&self) -> Result<[Usage; SIZE_CLASSES]> {
-        self.read(|rx| {
+        self.read_counters(|rx| {
             let mut out = [Usage::default(); SIZE_CLASSES];
             for (class, slot) in out.iter_mut().enumerate() {
                 *slot = load_usage(rx.usage()?, store::CLASS_SIZE, class as u64)?;
@@ -43,7 +43,7 @@ impl Meta {
 
     /// The `n` extensions with the most bytes ("" is files without one).
     pub fn top_extensions(&self, n: usize) -> Result<Vec<(String, Usage)>> {
-        self.read(|rx| {
+        self.read_counters(|rx| {
             let mut all = Vec::new();
             for item in rx.usage_ext()?.range::<&str>(..)? {
                 let (key, value) = item?;
@@ -62,7 +62,7 @@ impl Meta {
     /// entries (to name the filesets), never of the tree.
     pub fn analytics(&self, top: usize) -> Result<Analytics> {
         let top = top.min(ANALYTICS_TOP_MAX);
-        self.read(|rx| {
+        self.read_counters(|rx| {
             let users = top_ids(rx, store::CLASS_UID, top)?;
             let groups = top_ids(rx, store::CLASS_GID, top)?;
             let fileset_ids = top_ids(rx, store::CLASS_FILESET, top)?;
@@ -124,7 +124,7 @@ impl Meta {
 
     /// `statfs`: bytes as the storage reports them, inodes from the namespace.
     pub fn statfs(&self, bytes_total: u64, bytes_free: u64) -> Result<StatFs> {
-        self.read(|rx| {
+        self.read_counters(|rx| {
             let used = rx.system(store::KEY_INODES_USED)?;
             let total = load_usage(rx.usage()?, store::CLASS_TOTAL, 0)?;
             Ok(StatFs {

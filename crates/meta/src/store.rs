@@ -187,14 +187,33 @@ impl Rx {
     }
 }
 
-/// Counter changes of one transaction, netted per key.
-#[derive(Default, Debug)]
+/// Counter changes, netted per key: of one transaction, or (in `Meta`) of the lazy commits
+/// whose changes are not in the counter tables yet.
+#[derive(Default, Debug, Clone)]
 pub(crate) struct Deltas {
     usage: HashMap<(u8, u64), (i64, i64)>,
     ext: HashMap<String, (i64, i64)>,
 }
 
 impl Deltas {
+    pub fn is_empty(&self) -> bool {
+        self.usage.is_empty() && self.ext.is_empty()
+    }
+
+    /// Adds `other`'s changes to these.
+    pub fn merge(&mut self, other: Deltas) {
+        for (key, (files, bytes)) in other.usage {
+            let entry = self.usage.entry(key).or_default();
+            entry.0 += files;
+            entry.1 += bytes;
+        }
+        for (key, (files, bytes)) in other.ext {
+            let entry = self.ext.entry(key).or_default();
+            entry.0 += files;
+            entry.1 += bytes;
+        }
+    }
+
     fn add(&mut self, rec: &Inode, sign: i64) {
         let bytes = rec.size as i64 * sign;
         for key in [
@@ -410,9 +429,13 @@ impl<'t> Tx<'t> {
         }
     }
 
-    /// Writes the netted counter changes; called once, just before commit.
-    pub fn flush_counters(&mut self) -> Result<()> {
-        let deltas = std::mem::take(&mut self.deltas);
+    /// The counter changes this transaction made so far, taken out of it.
+    pub fn take_deltas(&mut self) -> Deltas {
+        std::mem::take(&mut self.deltas)
+    }
+
+    /// Writes netted counter changes into the counter tables.
+    pub fn flush_counters(&mut self, deltas: Deltas) -> Result<()> {
         for (key, delta) in deltas.usage {
             if delta == (0, 0) {
                 continue;
