@@ -2,8 +2,8 @@
 //! lazy commits (as `stria up` runs it), without FUSE or storage in the way.
 //!
 //! Per file, the calls the mount makes for `open(O_CREAT|O_EXCL)`, a 4 KiB write and
-//! `close`: a lookup that misses, the create, the open, the spill to chunks, the size
-//! published at close, the release. Then one unlink per file. Threads work in their own
+//! `close`: a lookup that misses, the create, the open, the spill to chunks with its size,
+//! the size check at close, the release. Then one unlink per file. Threads work in their own
 //! directories, as `mdbench.py` processes do.
 //!
 //! ```text
@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use stria_meta::{Caller, Commit, Meta, MetaOptions, Timestamp};
+use stria_meta::{Caller, Commit, Meta, MetaOptions, Spilled, Timestamp};
 use stria_proto::fs::{ROOT_INO, TargetId};
 
 fn env(name: &str, default: usize) -> usize {
@@ -59,9 +59,12 @@ fn main() {
         assert!(meta.lookup(parent, name.as_bytes(), &caller).is_err(), "{name} exists");
         let attr = meta.create(parent, name.as_bytes(), 0o644, &caller).expect("create");
         meta.open_file(attr.ino).expect("open");
-        let plan = meta.spill_begin(attr.ino).expect("spill plan");
-        meta.spill_commit(&plan).expect("spill");
-        meta.extend_size(attr.ino, 4096, Timestamp::now()).expect("size");
+        // The first write: an empty file moves to chunks with its new size in one commit
+        // (`SpillSized`); the close then finds the size published (a read).
+        let mtime = Timestamp::now();
+        let spilled = meta.spill(attr.ino, Some((4096, mtime))).expect("spill");
+        assert!(matches!(spilled, Spilled::Chunked(_)), "{spilled:?}");
+        meta.extend_size(attr.ino, 4096, mtime).expect("size");
         meta.release(attr.ino).expect("release");
     });
     assert_eq!(meta.usage_total().expect("usage").files, (threads * files) as u64);

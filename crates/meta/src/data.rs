@@ -233,11 +233,40 @@ impl Meta {
     /// are garbage for the chunk scrubber). Writers of one file must be serialized by the
     /// caller across the two steps.
     pub fn spill_begin(&self, ino: Ino) -> Result<SpillPlan> {
-        let (bytes, version, policy) = self.read(|rx| {
+        match self.spill_plan(ino)? {
+            Spilled::Plan(plan) => Ok(plan),
+            Spilled::Chunked(_) => Err(fs(FsStatus::Invalid, "file is already chunked")),
+        }
+    }
+
+    /// Moves a file to chunks as far as the metadata can alone, in one read and (for an
+    /// empty file) one write: a chunked file answers its attributes; an empty inline file
+    /// becomes chunked at once, with `sized` (size and mtime) published in the same commit;
+    /// a file with inline bytes returns the plan to carry out (write the bytes, then
+    /// [`Meta::spill_commit`]).
+    pub fn spill(&self, ino: Ino, sized: Option<(u64, Timestamp)>) -> Result<Spilled> {
+        let plan = match self.spill_plan(ino)? {
+            Spilled::Plan(plan) if plan.bytes.is_empty() => plan,
+            other => return Ok(other),
+        };
+        match self.commit_spill(&plan, sized) {
+            Ok(attr) => Ok(Spilled::Chunked(attr)),
+            // Another writer spilled it first: that one's layout stands.
+            Err(error) => match self.getattr(ino)? {
+                attr if attr.layout.is_some() => Ok(Spilled::Chunked(attr)),
+                _ => Err(error),
+            },
+        }
+    }
+
+    /// The plan for an inline file (its bytes and a layout from its directory's policy), or
+    /// the attributes of a chunked one; one read.
+    fn spill_plan(&self, ino: Ino) -> Result<Spilled> {
+        let (bytes, version, policy) = match self.read(|rx| {
             let rec = rx.inode(ino)?;
             regular(&rec)?;
             let Body::File(FileData::Inline(bytes)) = &rec.body else {
-                return Err(fs(FsStatus::Invalid, "file is already chunked"));
+                return Ok(Err(rec.attr(ino)));
             };
             let policy = match rx.inode(rec.parent).map(|p| p.body) {
                 Ok(Body::Dir(d)) => d.policy,
@@ -246,27 +275,26 @@ impl Meta {
                     _ => return Err(MetaError::Corrupt("root is not a directory".into())),
                 },
             };
-            Ok((bytes.clone(), rec.version, policy))
-        })?;
+            Ok(Ok((bytes.clone(), rec.version, policy)))
+        })? {
+            Ok(plan) => plan,
+            Err(attr) => return Ok(Spilled::Chunked(attr)),
+        };
         let layout = self.choose_layout(&policy)?;
-        Ok(SpillPlan { ino, bytes, layout, version })
+        Ok(Spilled::Plan(SpillPlan { ino, bytes, layout, version }))
     }
 
     /// Step 2: the chunks hold the plan's bytes; the inode becomes chunked with the plan's
     /// layout. Fails with EAGAIN (and changes nothing) if the inline data changed since the
     /// plan was made.
     pub fn spill_commit(&self, plan: &SpillPlan) -> Result<()> {
-        self.commit_spill(plan, None)
+        self.commit_spill(plan, None).map(|_| ())
     }
 
     /// [`Meta::spill_commit`], and with `sized` (for an empty file's plan) the size raised to
     /// it and mtime set in the same commit: the first write past the inline limit publishes
-    /// its size with the layout (`SpillSized`).
-    pub(crate) fn commit_spill(
-        &self,
-        plan: &SpillPlan,
-        sized: Option<(u64, Timestamp)>,
-    ) -> Result<()> {
+    /// its size with the layout (`SpillSized`). Returns the file's new attributes.
+    fn commit_spill(&self, plan: &SpillPlan, sized: Option<(u64, Timestamp)>) -> Result<Attr> {
         plan.layout.validate().map_err(|_| fs(FsStatus::Invalid, "invalid layout"))?;
         self.write(|tx| {
             let mut rec = tx.inode(plan.ino)?;
@@ -283,7 +311,8 @@ impl Meta {
                 rec.ctime = self.now();
                 tx.account(Some(&before), Some(&rec));
             }
-            tx.put_inode(plan.ino, &rec)
+            tx.put_inode(plan.ino, &rec)?;
+            Ok(rec.attr(plan.ino))
         })
     }
 

@@ -287,34 +287,24 @@ impl MetaService {
         })
     }
 
-    /// `Spill` and `SpillSized`: a chunked file answers its attributes; an inline file with
-    /// bytes gets the plan (the client writes them, then `SpillCommit`); an empty one has
-    /// nothing to carry over, so it switches at once (taking `sized`'s size and mtime too),
-    /// which saves the client a round trip. If a concurrent spill won the race, the file is
-    /// chunked all the same.
+    /// `Spill` and `SpillSized` ([`Meta::spill`]): a chunked file answers its attributes; an
+    /// inline file with bytes gets the plan (the client writes them, then `SpillCommit`); an
+    /// empty one has nothing to carry over, so it switches at once (taking `sized`'s size and
+    /// mtime too), which saves the client a round trip. If a concurrent spill won the race,
+    /// the file is chunked all the same.
     fn spill(
         &self,
         ino: Ino,
         sized: Option<(u64, wire::Timestamp)>,
     ) -> Result<MetaReply, MetaError> {
-        let meta = &self.meta;
-        if meta.file_layout(ino)?.is_some() {
-            return self.attr(meta.getattr(ino)?);
-        }
-        let plan = meta.spill_begin(ino)?;
-        if !plan.bytes.is_empty() {
-            return Ok(MetaReply::Spilled {
+        match self.meta.spill(ino, sized)? {
+            crate::Spilled::Chunked(attr) => self.attr(attr),
+            crate::Spilled::Plan(plan) => Ok(MetaReply::Spilled {
                 layout: plan.layout,
                 data: plan.bytes,
                 version: plan.version,
-            });
+            }),
         }
-        if let Err(error) = meta.commit_spill(&plan, sized)
-            && meta.file_layout(ino)?.is_none()
-        {
-            return Err(error);
-        }
-        self.attr(meta.getattr(ino)?)
     }
 
     fn attr(&self, attr: Attr) -> Result<MetaReply, MetaError> {

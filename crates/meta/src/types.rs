@@ -126,6 +126,15 @@ pub enum InlineWrite {
     Chunked,
 }
 
+/// What [`crate::Meta::spill`] did.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Spilled {
+    /// The file is chunked (it was, or it was empty and now is): its attributes.
+    Chunked(Attr),
+    /// The file holds inline bytes: write them to the plan's layout, then `spill_commit`.
+    Plan(SpillPlan),
+}
+
 /// How to move an inline file to chunks; see [`crate::Meta::spill_begin`].
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct SpillPlan {

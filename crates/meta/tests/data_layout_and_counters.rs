@@ -62,6 +62,38 @@ fn inline_writes_then_spill_to_chunks() {
 }
 
 #[test]
+fn spill_switches_an_empty_file_at_once_and_plans_one_with_bytes() {
+    let m = meta();
+    // Empty: chunked in one commit, with the first write's size and mtime.
+    let empty = m.create(ROOT_INO, b"empty.bin", 0o644, &alice()).expect("create");
+    let Spilled::Chunked(attr) =
+        m.spill(empty.ino, Some((4096, Timestamp::new(5, 0)))).expect("spill empty")
+    else {
+        panic!("an empty file needs no plan");
+    };
+    assert_eq!((attr.size, attr.mtime), (4096, Timestamp::new(5, 0)));
+    assert!(attr.layout.is_some());
+    assert_eq!(m.getattr(empty.ino).expect("attr"), attr, "the reply is what was committed");
+    assert_eq!(m.usage_total().expect("usage"), Usage { files: 1, bytes: 4096 });
+    // Chunked already: its attributes, nothing changed.
+    let again = m.spill(empty.ino, Some((1, Timestamp::new(6, 0)))).expect("spill again");
+    assert_eq!(again, Spilled::Chunked(attr));
+    // Inline bytes: a plan, and the file stays inline until the plan is committed.
+    let small = m.create(ROOT_INO, b"small.txt", 0o644, &alice()).expect("create");
+    m.write_inline(small.ino, 0, b"hello").expect("write");
+    let Spilled::Plan(plan) = m.spill(small.ino, None).expect("spill small") else {
+        panic!("a file with bytes gets a plan");
+    };
+    assert_eq!(plan.bytes, b"hello");
+    assert_eq!(m.file_layout(small.ino).expect("layout"), None);
+    m.spill_commit(&plan).expect("commit");
+    assert_eq!(m.file_layout(small.ino).expect("layout"), Some(plan.layout));
+    // Not a regular file: refused.
+    let d = m.mkdir(ROOT_INO, b"d", 0o755, &alice()).expect("mkdir");
+    assert_eq!(status(m.spill(d.ino, None)), FsStatus::IsDir);
+}
+
+#[test]
 fn layouts_inherit_policies_and_rotate_targets() {
     let m = meta();
     assert_eq!(m.layout_policy(ROOT_INO).expect("root"), LayoutPolicy::default());
