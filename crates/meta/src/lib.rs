@@ -295,6 +295,29 @@ impl Meta {
         Ok(())
     }
 
+    /// Recounts the usage counters from the inodes (a scan of every inode) and returns one
+    /// line per counter that differs from the recount; with `repair` the counters are set to
+    /// the recount, durably. For `stria fsck`: at every durable commit they must match.
+    pub fn check_usage_counters(&self, repair: bool) -> Result<Vec<String>> {
+        let mut txn = self.db.begin_write()?;
+        // As in `commit`: the pending changes go into the tables of this transaction, and no
+        // commit can add to them meanwhile.
+        let mut pending = self.lock_counters();
+        let found = {
+            let mut tx = Tx::open(&txn)?;
+            tx.flush_counters(pending.clone())?;
+            tx.recount_usage(repair)?
+        };
+        if !repair || found.is_empty() {
+            txn.abort()?;
+            return Ok(found);
+        }
+        txn.set_durability(Durability::Immediate)?;
+        txn.commit()?;
+        *pending = Deltas::default();
+        Ok(found)
+    }
+
     pub(crate) fn read<T>(&self, f: impl FnOnce(&Rx) -> Result<T>) -> Result<T> {
         let rx = Rx::open(self.db.begin_read()?);
         f(&rx)

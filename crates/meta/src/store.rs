@@ -233,6 +233,18 @@ impl Deltas {
     }
 }
 
+/// A usage key as a person reads it.
+fn class_name((class, id): (u8, u64)) -> String {
+    match class {
+        CLASS_UID => format!("of uid {id}"),
+        CLASS_GID => format!("of gid {id}"),
+        CLASS_FILESET => format!("of fileset {id}"),
+        CLASS_SIZE => format!("of size class {id}"),
+        CLASS_TOTAL => "of all files".to_string(),
+        other => format!("of unknown class {other}, id {id}"),
+    }
+}
+
 fn apply(current: (u64, u64), delta: (i64, i64)) -> (u64, u64) {
     (current.0.saturating_add_signed(delta.0), current.1.saturating_add_signed(delta.1))
 }
@@ -427,6 +439,68 @@ impl<'t> Tx<'t> {
         if let Some(rec) = after.filter(|r| r.counted()) {
             self.deltas.add(rec, 1);
         }
+    }
+
+    /// Recounts the usage counters from every inode and compares them with the counter
+    /// tables: one line per row that differs (`(files, bytes)` stored, then recounted). With
+    /// `repair` the tables are rewritten to the recount in this transaction.
+    pub fn recount_usage(&mut self, repair: bool) -> Result<Vec<String>> {
+        let mut truth = Deltas::default();
+        for item in self.inodes.table()?.iter()? {
+            let (ino, bytes) = item?;
+            let rec = Inode::decode(ino.value(), bytes.value())?;
+            if rec.counted() {
+                truth.add(&rec, 1);
+            }
+        }
+        let as_pair = |(files, bytes): (i64, i64)| (files.max(0) as u64, bytes.max(0) as u64);
+        let mut mismatches = Vec::new();
+        let mut stored_usage = HashMap::new();
+        for item in self.usage.table()?.iter()? {
+            let (key, value) = item?;
+            stored_usage.insert(key.value(), value.value());
+        }
+        let mut keys: Vec<(u8, u64)> =
+            stored_usage.keys().chain(truth.usage.keys()).copied().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            let stored = stored_usage.get(&key).copied().unwrap_or((0, 0));
+            let counted = truth.usage.get(&key).copied().map(as_pair).unwrap_or((0, 0));
+            if stored != counted {
+                mismatches.push(format!(
+                    "usage counter {}: {stored:?} stored, {counted:?} counted",
+                    class_name(key)
+                ));
+            }
+        }
+        let mut stored_ext = HashMap::new();
+        for item in self.usage_ext.table()?.iter()? {
+            let (key, value) = item?;
+            stored_ext.insert(key.value().to_string(), value.value());
+        }
+        let mut exts: Vec<String> = stored_ext.keys().chain(truth.ext.keys()).cloned().collect();
+        exts.sort_unstable();
+        exts.dedup();
+        for ext in exts {
+            let stored = stored_ext.get(&ext).copied().unwrap_or((0, 0));
+            let counted = truth.ext.get(&ext).copied().map(as_pair).unwrap_or((0, 0));
+            if stored != counted {
+                mismatches.push(format!(
+                    "usage counter of extension {ext:?}: {stored:?} stored, {counted:?} counted"
+                ));
+            }
+        }
+        if repair && !mismatches.is_empty() {
+            for key in stored_usage.keys() {
+                self.usage.table_mut()?.remove(*key)?;
+            }
+            for ext in stored_ext.keys() {
+                self.usage_ext.table_mut()?.remove(ext.as_str())?;
+            }
+            self.flush_counters(truth)?;
+        }
+        Ok(mismatches)
     }
 
     /// The counter changes this transaction made so far, taken out of it.

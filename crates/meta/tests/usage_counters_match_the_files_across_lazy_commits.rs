@@ -180,3 +180,50 @@ fn a_close_without_a_sync_keeps_counters_that_match_the_files() {
     drop(m);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn a_check_finds_counters_that_disagree_with_the_files_and_repair_rewrites_them() {
+    let path = tmp_path("counters-check");
+    let m = Meta::open(&path, lazy()).expect("open");
+    let d = m.mkdir(ROOT_INO, b"set", 0o777, &root()).expect("mkdir");
+    churn(&m, d.ino, 0);
+    m.sync().expect("sync");
+    churn(&m, d.ino, 1);
+    // Changes pending in memory are part of what is checked.
+    assert_eq!(m.check_usage_counters(false).expect("check"), Vec::<String>::new());
+    drop(m);
+
+    // Damage two rows behind the store's back: the total, and an extension nobody has.
+    {
+        let db = redb::Database::create(&path).expect("open the file with redb");
+        let txn = db.begin_write().expect("write");
+        {
+            let usage: redb::TableDefinition<(u8, u64), (u64, u64)> =
+                redb::TableDefinition::new("usage");
+            txn.open_table(usage).expect("usage").insert((4, 0), (1, 1)).expect("insert");
+            let ext: redb::TableDefinition<&str, (u64, u64)> =
+                redb::TableDefinition::new("usage_ext");
+            txn.open_table(ext).expect("usage_ext").insert("zzz", (7, 7)).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+
+    let m = Meta::open(&path, lazy()).expect("reopen");
+    let found = m.check_usage_counters(false).expect("check");
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("of all files") && found[0].contains("(1, 1) stored"), "{found:?}");
+    assert!(found[1].contains("\"zzz\""), "{found:?}");
+    assert_eq!(
+        m.check_usage_counters(false).expect("check again"),
+        found,
+        "a check changes nothing"
+    );
+    assert_eq!(m.check_usage_counters(true).expect("repair"), found);
+    assert_eq!(m.check_usage_counters(false).expect("check after repair"), Vec::<String>::new());
+    assert_counters_match(&m, "after the repair");
+    drop(m);
+    let m = Meta::open(&path, lazy()).expect("reopen after the repair");
+    assert_eq!(m.check_usage_counters(false).expect("check"), Vec::<String>::new());
+    drop(m);
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,5 +1,5 @@
 //! `stria fsck`: checks a stopped node end to end. The namespace (every name leads to an
-//! inode, link counts match the names), the chunks (each belongs to a live file, sits on the
+//! inode, link counts match the names, the usage counters match a recount of the files), the chunks (each belongs to a live file, sits on the
 //! target its layout names, lies inside the file's size and reads back with valid checksums),
 //! and every target's RAID redundancy (a read-only check). Chunks of block volumes are checked
 //! against the volume registry the same way.
@@ -24,7 +24,8 @@ pub struct FsckArgs {
     #[arg(long)]
     pub skip_raid: bool,
     /// Free stray chunks and chunk tails past a file's end (left by writes and truncates a
-    /// crash interrupted); without it they are only counted.
+    /// crash interrupted), and rewrite usage counters that do not match the files; without it
+    /// strays are only counted and counters reported.
     #[arg(long)]
     pub repair: bool,
 }
@@ -57,6 +58,15 @@ pub fn run(args: FsckArgs) -> Result<()> {
     let meta = crate::node::open_meta(&args.data.join("meta/namespace.redb"), &ids)?;
 
     let seen = walk_namespace(&meta, &mut problems)?;
+    let counters = meta.check_usage_counters(args.repair).context("checking the usage counters")?;
+    if !args.repair {
+        problems.extend(counters.iter().map(|c| format!("{c} (rewrite with --repair)")));
+    } else if !counters.is_empty() {
+        println!(
+            "note: {} usage counters did not match the files; rewritten from a recount",
+            counters.len()
+        );
+    }
     let registry_path = args.data.join("mgmt/registry.redb");
     let volumes: BTreeMap<u64, stria_mgmt::VolumeRecord> = if registry_path.exists() {
         let registry = stria_mgmt::Registry::open(&registry_path)?;
