@@ -140,7 +140,7 @@ impl Committer {
             }
             staged.batch()
         };
-        match apply(db, batch, Durability::None) {
+        match apply(db, &batch, Durability::None) {
             Ok(()) => {
                 lock(&self.staged).changes.clear();
                 Ok(())
@@ -182,7 +182,7 @@ impl Committer {
             drop(staged);
             (batch, upto, take_parked())
         };
-        let result = flush().and_then(|()| apply(db, batch.clone(), Durability::Immediate));
+        let result = flush().and_then(|()| apply(db, &batch, Durability::Immediate));
         let mut staged = lock(&self.staged);
         staged.syncing = false;
         match &result {
@@ -225,7 +225,7 @@ impl Committer {
     }
 }
 
-fn apply(db: &Database, batch: Vec<Change>, durability: Durability) -> Result<(), EngineError> {
+fn apply(db: &Database, batch: &[Change], durability: Durability) -> Result<(), EngineError> {
     let mut tx = db.begin_write()?;
     tx.set_durability(durability)?;
     {
@@ -233,10 +233,10 @@ fn apply(db: &Database, batch: Vec<Change>, durability: Durability) -> Result<()
         for (key, change) in batch {
             match change {
                 Some(rec) => {
-                    table.insert(key, rec.encode().as_slice())?;
+                    table.insert(*key, rec.encode().as_slice())?;
                 }
                 None => {
-                    table.remove(key)?;
+                    table.remove(*key)?;
                 }
             }
         }

@@ -17,8 +17,8 @@
 //!   blocks are parked until the next durable commit. On RAID 5/6, writes smaller than a
 //!   stripe are packed into an open stripe held in memory, so the array sees no
 //!   partial-stripe updates (`packer.rs`). [`Engine::sync`] flushes the array, then commits
-//!   durably, then frees the parked blocks. The free-space map lives in memory and is rebuilt from the chunk map at
-//!   open, which is the whole of crash recovery.
+//!   durably, then frees the parked blocks. The free-space map lives in memory and is rebuilt
+//!   from the chunk map at open, which is the whole of crash recovery.
 
 mod alloc;
 mod cache;

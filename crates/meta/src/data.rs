@@ -262,11 +262,11 @@ impl Meta {
     /// The plan for an inline file (its bytes and a layout from its directory's policy), or
     /// the attributes of a chunked one; one read.
     fn spill_plan(&self, ino: Ino) -> Result<Spilled> {
-        let (bytes, version, policy) = match self.read(|rx| {
+        self.read(|rx| {
             let rec = rx.inode(ino)?;
             regular(&rec)?;
             let Body::File(FileData::Inline(bytes)) = &rec.body else {
-                return Ok(Err(rec.attr(ino)));
+                return Ok(Spilled::Chunked(rec.attr(ino)));
             };
             let policy = match rx.inode(rec.parent).map(|p| p.body) {
                 Ok(Body::Dir(d)) => d.policy,
@@ -275,13 +275,9 @@ impl Meta {
                     _ => return Err(MetaError::Corrupt("root is not a directory".into())),
                 },
             };
-            Ok(Ok((bytes.clone(), rec.version, policy)))
-        })? {
-            Ok(plan) => plan,
-            Err(attr) => return Ok(Spilled::Chunked(attr)),
-        };
-        let layout = self.choose_layout(&policy)?;
-        Ok(Spilled::Plan(SpillPlan { ino, bytes, layout, version }))
+            let layout = self.choose_layout(&policy)?;
+            Ok(Spilled::Plan(SpillPlan { ino, bytes: bytes.clone(), layout, version: rec.version }))
+        })
     }
 
     /// Step 2: the chunks hold the plan's bytes; the inode becomes chunked with the plan's

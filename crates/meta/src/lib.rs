@@ -257,15 +257,7 @@ impl Meta {
             pending.merge(deltas);
             return Ok(());
         }
-        txn.set_durability(Durability::Immediate)?;
-        {
-            let mut tx = Tx::open(&txn)?;
-            tx.flush_counters(pending.clone())?;
-            tx.flush_counters(deltas)?;
-        }
-        txn.commit()?;
-        *pending = Deltas::default();
-        Ok(())
+        commit_counted(txn, &mut pending, deltas, Durability::Immediate)
     }
 
     /// Reads with the usage counters current: what lazy commits left pending is written into
@@ -275,24 +267,15 @@ impl Meta {
         self.read(f)
     }
 
-    /// Writes the pending counter changes into the counter tables, in a commit of the
-    /// store's mode.
+    /// Writes the pending counter changes into the counter tables, in a lazy commit (only
+    /// lazy commits leave changes pending).
     fn flush_counters(&self) -> Result<()> {
         if self.lock_counters().is_empty() {
             return Ok(());
         }
-        let mut txn = self.db.begin_write()?;
+        let txn = self.db.begin_write()?;
         let mut pending = self.lock_counters();
-        {
-            let mut tx = Tx::open(&txn)?;
-            tx.flush_counters(pending.clone())?;
-        }
-        if self.options.commit == Commit::Lazy {
-            txn.set_durability(Durability::None)?;
-        }
-        txn.commit()?;
-        *pending = Deltas::default();
-        Ok(())
+        commit_counted(txn, &mut pending, Deltas::default(), Durability::None)
     }
 
     /// Recounts the usage counters from the inodes (a scan of every inode) and returns one
@@ -334,6 +317,24 @@ impl Meta {
     pub(crate) fn next_rotor(&self) -> u64 {
         self.target_rotor.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// Writes `pending` and `deltas` into the counter tables of `txn` and commits it with
+/// `durability`; `pending` is emptied once the commit succeeded. The caller holds the
+/// counters' lock and `txn` is the only writer, so nothing is added to `pending` meanwhile.
+fn commit_counted(
+    mut txn: WriteTransaction,
+    pending: &mut Deltas,
+    deltas: Deltas,
+    durability: Durability,
+) -> Result<()> {
+    let mut all = pending.clone();
+    all.merge(deltas);
+    Tx::open(&txn)?.flush_counters(all)?;
+    txn.set_durability(durability)?;
+    txn.commit()?;
+    *pending = Deltas::default();
+    Ok(())
 }
 
 impl Drop for Meta {

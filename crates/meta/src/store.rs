@@ -233,6 +233,24 @@ impl Deltas {
     }
 }
 
+/// The keys whose `(files, bytes)` differ between `stored` and `counted` (a missing key is
+/// `(0, 0)`), in key order, with both values.
+fn differences<K: Ord + std::hash::Hash + Clone>(
+    stored: &HashMap<K, (i64, i64)>,
+    counted: &HashMap<K, (i64, i64)>,
+) -> Vec<(K, (i64, i64), (i64, i64))> {
+    let mut keys: Vec<&K> = stored.keys().chain(counted.keys()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|key| {
+            let was = stored.get(key).copied().unwrap_or_default();
+            let now = counted.get(key).copied().unwrap_or_default();
+            (was != now).then(|| (key.clone(), was, now))
+        })
+        .collect()
+}
+
 /// A usage key as a person reads it.
 fn class_name((class, id): (u8, u64)) -> String {
     match class {
@@ -445,62 +463,44 @@ impl<'t> Tx<'t> {
     /// tables: one line per row that differs (`(files, bytes)` stored, then recounted). With
     /// `repair` the tables are rewritten to the recount in this transaction.
     pub fn recount_usage(&mut self, repair: bool) -> Result<Vec<String>> {
-        let mut truth = Deltas::default();
+        let mut counted = Deltas::default();
         for item in self.inodes.table()?.iter()? {
             let (ino, bytes) = item?;
             let rec = Inode::decode(ino.value(), bytes.value())?;
             if rec.counted() {
-                truth.add(&rec, 1);
+                counted.add(&rec, 1);
             }
         }
-        let as_pair = |(files, bytes): (i64, i64)| (files.max(0) as u64, bytes.max(0) as u64);
-        let mut mismatches = Vec::new();
-        let mut stored_usage = HashMap::new();
+        let signed = |(files, bytes): (u64, u64)| (files as i64, bytes as i64);
+        let mut stored = Deltas::default();
         for item in self.usage.table()?.iter()? {
             let (key, value) = item?;
-            stored_usage.insert(key.value(), value.value());
+            stored.usage.insert(key.value(), signed(value.value()));
         }
-        let mut keys: Vec<(u8, u64)> =
-            stored_usage.keys().chain(truth.usage.keys()).copied().collect();
-        keys.sort_unstable();
-        keys.dedup();
-        for key in keys {
-            let stored = stored_usage.get(&key).copied().unwrap_or((0, 0));
-            let counted = truth.usage.get(&key).copied().map(as_pair).unwrap_or((0, 0));
-            if stored != counted {
-                mismatches.push(format!(
-                    "usage counter {}: {stored:?} stored, {counted:?} counted",
-                    class_name(key)
-                ));
-            }
-        }
-        let mut stored_ext = HashMap::new();
         for item in self.usage_ext.table()?.iter()? {
             let (key, value) = item?;
-            stored_ext.insert(key.value().to_string(), value.value());
+            stored.ext.insert(key.value().to_string(), signed(value.value()));
         }
-        let mut exts: Vec<String> = stored_ext.keys().chain(truth.ext.keys()).cloned().collect();
-        exts.sort_unstable();
-        exts.dedup();
-        for ext in exts {
-            let stored = stored_ext.get(&ext).copied().unwrap_or((0, 0));
-            let counted = truth.ext.get(&ext).copied().map(as_pair).unwrap_or((0, 0));
-            if stored != counted {
-                mismatches.push(format!(
-                    "usage counter of extension {ext:?}: {stored:?} stored, {counted:?} counted"
-                ));
-            }
+        // The repair is the difference, applied as any counter change is.
+        let mut found = Vec::new();
+        let mut fix = Deltas::default();
+        for (key, was, now) in differences(&stored.usage, &counted.usage) {
+            found.push(format!(
+                "usage counter {}: {was:?} stored, {now:?} counted",
+                class_name(key)
+            ));
+            fix.usage.insert(key, (now.0 - was.0, now.1 - was.1));
         }
-        if repair && !mismatches.is_empty() {
-            for key in stored_usage.keys() {
-                self.usage.table_mut()?.remove(*key)?;
-            }
-            for ext in stored_ext.keys() {
-                self.usage_ext.table_mut()?.remove(ext.as_str())?;
-            }
-            self.flush_counters(truth)?;
+        for (ext, was, now) in differences(&stored.ext, &counted.ext) {
+            found.push(format!(
+                "usage counter of extension {ext:?}: {was:?} stored, {now:?} counted"
+            ));
+            fix.ext.insert(ext, (now.0 - was.0, now.1 - was.1));
         }
-        Ok(mismatches)
+        if repair {
+            self.flush_counters(fix)?;
+        }
+        Ok(found)
     }
 
     /// The counter changes this transaction made so far, taken out of it.

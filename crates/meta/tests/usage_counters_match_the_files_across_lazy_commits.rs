@@ -124,13 +124,19 @@ fn lazy() -> MetaOptions {
     MetaOptions { commit: Commit::Lazy, ..options() }
 }
 
-#[test]
-fn counters_read_between_durable_commits_match_the_files() {
-    let path = tmp_path("counters-live");
+/// A file-backed store with lazy commits and a fileset directory for `churn`.
+fn lazy_store(name: &str) -> (std::path::PathBuf, Meta, Ino) {
+    let path = tmp_path(name);
     let m = Meta::open(&path, lazy()).expect("open");
     let d = m.mkdir(ROOT_INO, b"set", 0o777, &root()).expect("mkdir");
+    (path, m, d.ino)
+}
+
+#[test]
+fn counters_read_between_durable_commits_match_the_files() {
+    let (path, m, d) = lazy_store("counters-live");
     for round in 0..4 {
-        churn(&m, d.ino, round);
+        churn(&m, d, round);
         assert_counters_match(&m, &format!("after round {round}"));
     }
     m.sync().expect("sync");
@@ -141,19 +147,17 @@ fn counters_read_between_durable_commits_match_the_files() {
 
 #[test]
 fn a_crash_returns_counters_that_match_the_files_of_the_last_sync() {
-    let path = tmp_path("counters-crash");
-    let m = Meta::open(&path, lazy()).expect("open");
-    let d = m.mkdir(ROOT_INO, b"set", 0o777, &root()).expect("mkdir");
-    churn(&m, d.ino, 0);
+    let (path, m, d) = lazy_store("counters-crash");
+    churn(&m, d, 0);
     // A read of the counters writes the pending changes into the tables, lazily: the crash
     // below must not keep them without the files they count, nor the reverse.
     assert_counters_match(&m, "before the sync");
-    churn(&m, d.ino, 1);
+    churn(&m, d, 1);
     m.sync().expect("sync");
     let synced = recount(&m);
-    churn(&m, d.ino, 2);
+    churn(&m, d, 2);
     assert_counters_match(&m, "after the sync");
-    churn(&m, d.ino, 3);
+    churn(&m, d, 3);
     let image = crash_image(&path, "counters-crash-image");
     let after = Meta::open(&image, lazy()).expect("open the crash image");
     assert_eq!(recount(&after), synced, "the crash returns the files of the last sync");
@@ -166,12 +170,10 @@ fn a_crash_returns_counters_that_match_the_files_of_the_last_sync() {
 
 #[test]
 fn a_close_without_a_sync_keeps_counters_that_match_the_files() {
-    let path = tmp_path("counters-close");
-    let m = Meta::open(&path, lazy()).expect("open");
-    let d = m.mkdir(ROOT_INO, b"set", 0o777, &root()).expect("mkdir");
-    churn(&m, d.ino, 0);
+    let (path, m, d) = lazy_store("counters-close");
+    churn(&m, d, 0);
     m.sync().expect("sync");
-    churn(&m, d.ino, 1);
+    churn(&m, d, 1);
     let before = recount(&m);
     drop(m);
     let m = Meta::open(&path, lazy()).expect("reopen");
@@ -183,12 +185,10 @@ fn a_close_without_a_sync_keeps_counters_that_match_the_files() {
 
 #[test]
 fn a_check_finds_counters_that_disagree_with_the_files_and_repair_rewrites_them() {
-    let path = tmp_path("counters-check");
-    let m = Meta::open(&path, lazy()).expect("open");
-    let d = m.mkdir(ROOT_INO, b"set", 0o777, &root()).expect("mkdir");
-    churn(&m, d.ino, 0);
+    let (path, m, d) = lazy_store("counters-check");
+    churn(&m, d, 0);
     m.sync().expect("sync");
-    churn(&m, d.ino, 1);
+    churn(&m, d, 1);
     // Changes pending in memory are part of what is checked.
     assert_eq!(m.check_usage_counters(false).expect("check"), Vec::<String>::new());
     drop(m);
