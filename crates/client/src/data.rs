@@ -10,6 +10,7 @@ use stria_proto::wire::{
     ChunkRead, ChunkTruncate, ChunkWrite, MetaReply, MetaRequest, ObjectRemove, TargetSync,
     Timestamp,
 };
+use stria_rpc::Data;
 use tokio::task::JoinSet;
 
 use crate::files::{InFlight, InodeData, OpenFile, Prefetch};
@@ -399,21 +400,21 @@ pub(crate) async fn read(
 
 /// Places a piece's bytes in the read's buffer. A chunk shorter than the piece is a hole at
 /// its end: those bytes stay zero.
-fn copy_piece(out: &mut [u8], piece: &Piece, data: &[u8]) {
+fn copy_piece(out: &mut [u8], piece: &Piece, data: &Data) {
     let start = piece.offset_in_range;
     let take = data.len().min(piece.len as usize);
-    out[start..start + take].copy_from_slice(&data[..take]);
+    data.copy_to_slice(&mut out[start..start + take]);
 }
 
 /// Reads one piece: from the prefetch window when it holds the chunk, else from its target.
 async fn read_piece(
     storage: StorageConns,
-    cached: Option<Arc<tokio::sync::OnceCell<FsResult<Bytes>>>>,
+    cached: Option<Prefetch>,
     target: TargetId,
     chunk: ChunkId,
     chunk_bytes: u32,
     piece: Piece,
-) -> FsResult<(Piece, Bytes)> {
+) -> FsResult<(Piece, Data)> {
     let data = match cached {
         Some(cell) => {
             let whole = cell
@@ -438,7 +439,7 @@ async fn fetch_chunk(
     target: TargetId,
     chunk: ChunkId,
     chunk_bytes: u32,
-) -> FsResult<Bytes> {
+) -> FsResult<Data> {
     storage.chunk_read(ChunkRead { target, chunk, offset: 0, len: chunk_bytes }).await
 }
 

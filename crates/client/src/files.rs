@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
 use stria_proto::fs::{FileLayout, FsStatus, Ino};
 use stria_proto::wire::{Attr, Timestamp};
+use stria_rpc::Data;
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::FsResult;
@@ -21,7 +21,7 @@ pub(crate) struct OpenFile {
 }
 
 /// A chunk being (or already) fetched ahead of a sequential reader.
-pub(crate) type Prefetch = Arc<OnceCell<FsResult<Bytes>>>;
+pub(crate) type Prefetch = Arc<OnceCell<FsResult<Data>>>;
 
 /// State shared by every open handle of one inode in this client.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use stria_proto::wire::{
     Epoch, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove,
     TargetFailDrive, TargetInfo, TargetSync, meta_method, storage_method,
 };
-use stria_rpc::ClusterSecret;
+use stria_rpc::{ClusterSecret, Data};
 use tokio::sync::OnceCell;
 
 use crate::durability::{DurabilityWatch, Service};
@@ -64,7 +64,7 @@ impl Conn {
         message: Bytes,
         data: Bytes,
         idempotent: bool,
-    ) -> FsResult<(Bytes, Bytes)> {
+    ) -> FsResult<(Bytes, Data)> {
         let reply = self.call_raw(method, message, data, idempotent).await?;
         status_to_result(reply.status)?;
         Ok((reply.message, reply.data))
@@ -140,7 +140,7 @@ impl Conn {
         request: &Req,
         data: Bytes,
         idempotent: bool,
-    ) -> FsResult<(Resp, Bytes)> {
+    ) -> FsResult<(Resp, Data)> {
         let message = postcard::to_stdvec(request).map_err(|_| FsStatus::Invalid)?;
         let (message, data) = self.call(method, Bytes::from(message), data, idempotent).await?;
         let reply = postcard::from_bytes(&message).map_err(|error| {
@@ -260,7 +260,8 @@ impl StorageConns {
         })
     }
 
-    pub async fn chunk_read(&self, request: ChunkRead) -> FsResult<Bytes> {
+    /// The bytes read, as the buffers the target answered with (its cached blocks, in process).
+    pub async fn chunk_read(&self, request: ChunkRead) -> FsResult<Data> {
         let conn = self.conn(request.target)?;
         let ((), data) =
             conn.call_typed(storage_method::CHUNK_READ, &request, Bytes::new(), true).await?;

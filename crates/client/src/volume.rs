@@ -15,6 +15,7 @@ use bytes::Bytes;
 use stria_proto::BLOCK_BYTES;
 use stria_proto::fs::{ChunkId, FileLayout, FsStatus, ObjectId, TargetId};
 use stria_proto::wire::{BlockRun, ChunkMap, ChunkPunch, ChunkRead, ChunkWrite, ObjectSpace};
+use stria_rpc::Data;
 use tokio::runtime::Handle;
 use tokio::task::JoinSet;
 
@@ -139,33 +140,33 @@ impl VolumeIo {
     /// gateway), without a blocking thread.
     pub async fn read_into_async(&self, offset: u64, buf: &mut [u8]) -> FsResult<()> {
         let jobs = self.read_jobs(offset, buf.len())?;
-        self.run(jobs, |(piece, data): (Piece, Bytes)| {
+        self.run(jobs, |(piece, data): (Piece, Data)| {
             // A chunk shorter than the piece (or missing) is a hole there: zeros.
             let out = &mut buf[piece.offset_in_range..piece.offset_in_range + piece.len as usize];
             let take = data.len().min(out.len());
-            out[..take].copy_from_slice(&data[..take]);
+            data.copy_to_slice(&mut out[..take]);
             out[take..].fill(0);
         })
         .await
     }
 
     /// As [`VolumeIo::read_into_async`], but the bytes stay in the buffers the targets'
-    /// replies came in: in order, `len` bytes together (holes as buffers of zeros). A caller
-    /// that sends them on (the NBD gateway) then copies nothing.
+    /// replies came in (in process, the targets' cached blocks): in order, `len` bytes together
+    /// (holes as buffers of zeros). A caller that sends them on (the NBD gateway) then copies
+    /// nothing.
     pub async fn read_parts_async(&self, offset: u64, len: usize) -> FsResult<Vec<Bytes>> {
         let jobs = self.read_jobs(offset, len)?;
-        let mut parts: Vec<(usize, Bytes)> = Vec::new();
-        self.run(jobs, |(piece, data): (Piece, Bytes)| {
+        let mut pieces: Vec<(usize, Data)> = Vec::new();
+        self.run(jobs, |(piece, data): (Piece, Data)| {
             let want = piece.len as usize;
-            let data = data.slice(..data.len().min(want));
+            let mut data = data.slice(..data.len().min(want));
             // A chunk shorter than the piece (or missing) is a hole there: zeros.
-            let hole = (piece.offset_in_range + data.len(), want - data.len());
-            parts.push((piece.offset_in_range, data));
-            parts.push((hole.0, Bytes::from(vec![0u8; hole.1])));
+            data.push(Bytes::from(vec![0u8; want - data.len()]));
+            pieces.push((piece.offset_in_range, data));
         })
         .await?;
-        parts.sort_unstable_by_key(|&(at, _)| at);
-        Ok(parts.into_iter().map(|(_, part)| part).filter(|p| !p.is_empty()).collect())
+        pieces.sort_unstable_by_key(|&(at, _)| at);
+        Ok(pieces.into_iter().flat_map(|(_, data)| data.into_parts()).collect())
     }
 
     /// The chunk reads of `[offset, offset + len)`, each answering with its piece.
@@ -174,7 +175,7 @@ impl VolumeIo {
         offset: u64,
         len: usize,
     ) -> FsResult<
-        impl Iterator<Item = impl Future<Output = FsResult<(Piece, Bytes)>> + Send + use<>> + '_,
+        impl Iterator<Item = impl Future<Output = FsResult<(Piece, Data)>> + Send + use<>> + '_,
     > {
         if len > VOLUME_IO_BYTES_MAX {
             return Err(FsStatus::Invalid);

@@ -17,12 +17,18 @@
 //! therefore never inserts stale bytes. Hits are still checked against the chunk map's CRC32C
 //! like array reads.
 //!
+//! A cached block is a reference-counted buffer that is never changed in place (a rewrite
+//! replaces it), so a hit hands out the cache's own buffer rather than a copy, and a reader
+//! that still holds it after an eviction or a rewrite keeps the bytes it read.
+//!
 //! Eviction is CLOCK (second chance) per shard; the capacity is set at run time
 //! (`Engine::set_read_cache_bytes`, 0 = off, the default).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+use bytes::Bytes;
 
 use crate::BLOCK;
 use crate::hash::WordHash;
@@ -66,7 +72,8 @@ struct Shard {
 
 #[derive(Debug)]
 struct Slot {
-    data: Box<[u8]>,
+    /// Never changed in place: a reader may still hold it after it was replaced or dropped.
+    data: Bytes,
     referenced: bool,
 }
 
@@ -115,11 +122,12 @@ impl BlockCache {
         &self.shards[shard_of(block)]
     }
 
-    /// Appends `count` blocks from `first` on to `out` if every one is cached; `out` is left as
-    /// it was otherwise. A long run takes each shard's lock once instead of once per block.
-    pub(crate) fn get_run(&self, first: u64, count: usize, out: &mut Vec<u8>) -> bool {
+    /// Appends the `count` blocks from `first` on to `out`, one buffer each (shared with the
+    /// cache, not copied), if every one is cached; `out` is left as it was otherwise. A long
+    /// run takes each shard's lock once instead of once per block.
+    pub(crate) fn get_run(&self, first: u64, count: usize, out: &mut Vec<Bytes>) -> bool {
         let start = out.len();
-        out.reserve(count * BLOCK);
+        out.reserve(count);
         let blocks = first..first + count as u64;
         let found = if count < SHARDS {
             blocks.take_while(|&b| lock(self.shard(b)).copy_out(b, out)).count()
@@ -143,7 +151,7 @@ impl BlockCache {
         match shard.map.get_mut(&block) {
             Some(slot) => {
                 slot.referenced = true;
-                out.copy_from_slice(&slot.data);
+                out.copy_from_slice(&slot.data[..]);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 true
             }
@@ -176,7 +184,7 @@ impl BlockCache {
             let block = first + i as u64;
             let mut shard = lock(self.shard(block));
             match shard.map.get_mut(&block) {
-                Some(slot) => slot.data.copy_from_slice(bytes),
+                Some(slot) => slot.data = Bytes::copy_from_slice(bytes),
                 None => new(&mut shard, block, bytes, capacity),
             }
         }
@@ -200,11 +208,11 @@ const SEEN_PER_CAPACITY: usize = 4;
 const ROOM_PROBES: usize = 32;
 
 impl Shard {
-    /// Appends `block`'s bytes to `out` and marks it referenced, if cached.
-    fn copy_out(&mut self, block: u64, out: &mut Vec<u8>) -> bool {
+    /// Appends `block`'s buffer to `out` and marks it referenced, if cached.
+    fn copy_out(&mut self, block: u64, out: &mut Vec<Bytes>) -> bool {
         let Some(slot) = self.map.get_mut(&block) else { return false };
         slot.referenced = true;
-        out.extend_from_slice(&slot.data[..]);
+        out.push(slot.data.clone());
         true
     }
 
@@ -237,14 +245,14 @@ impl Shard {
             self.hand = at + 1;
             if !self.map.contains_key(&self.ring[at]) {
                 self.ring[at] = block;
-                self.map.insert(block, Slot { data: bytes.into(), referenced: false });
+                self.map.insert(block, Slot::new(bytes));
                 return;
             }
         }
     }
 
     fn insert(&mut self, block: u64, bytes: &[u8], capacity: usize) {
-        let slot = Slot { data: bytes.into(), referenced: false };
+        let slot = Slot::new(bytes);
         if self.ring.len() < capacity {
             self.ring.push(block);
             self.map.insert(block, slot);
@@ -271,6 +279,12 @@ impl Shard {
     }
 }
 
+impl Slot {
+    fn new(bytes: &[u8]) -> Slot {
+        Slot { data: Bytes::copy_from_slice(bytes), referenced: false }
+    }
+}
+
 /// Consecutive blocks land in different shards.
 fn shard_of(block: u64) -> usize {
     (block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SHARDS
@@ -290,18 +304,21 @@ mod tests {
         cache.set_capacity_bytes(1 << 20);
         let run: Vec<u8> = (0..40u8).flat_map(block).collect();
         cache.put(100, &run);
-        let mut out = vec![7u8; 3];
+        let before = Bytes::from_static(&[7, 7, 7]);
+        let mut out = vec![before.clone()];
         assert!(cache.get_run(100, 40, &mut out));
-        assert!(out[..3] == [7, 7, 7] && out[3..] == run[..], "appended after what was there");
+        assert_eq!(out.len(), 41, "one buffer per block");
+        assert!(out[0] == before && out[1..].concat() == run, "appended after what was there");
         let mut short = Vec::new();
-        assert!(cache.get_run(136, 4, &mut short) && short[..] == run[36 * BLOCK..]);
+        assert!(cache.get_run(136, 4, &mut short) && short.concat() == run[36 * BLOCK..]);
         // A few blocks (one lock each) and a long run (every shard's lock once) alike.
         for count in [4, 40] {
             let first = 140 - count as u64;
-            let mut partial = vec![1u8];
+            let mut partial = vec![before.clone()];
             cache.invalidate(138, 1);
             assert!(!cache.get_run(first, count, &mut partial), "a run with a missing block");
-            assert_eq!(partial, [1u8], "a miss leaves the buffer as it was");
+            assert_eq!(partial.len(), 1);
+            assert_eq!(partial[0], before, "a miss leaves the buffers as they were");
             cache.put(138, &run[38 * BLOCK..39 * BLOCK]);
         }
         assert!(!cache.get_run(138, 4, &mut short), "so is one running past the cached blocks");
@@ -372,9 +389,12 @@ mod tests {
         let mut out = block(0);
         assert!(cache.get(11, &mut out));
         assert_eq!(out, block(2));
+        let mut held = Vec::new();
+        assert!(cache.get_run(11, 1, &mut held));
         cache.put(11, &block(3));
         assert!(cache.get(11, &mut out));
         assert_eq!(out, block(3), "a rewritten block is replaced");
+        assert_eq!(held[0][..], block(2), "a reader's buffer does not change under it");
         cache.invalidate(10, 2);
         assert!(!cache.get(10, &mut out) && !cache.get(11, &mut out));
     }

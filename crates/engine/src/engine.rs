@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use bytes::Bytes;
 use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend};
 use serde::{Deserialize, Serialize};
 use stria_proto::Uuid;
@@ -340,54 +341,65 @@ impl Engine {
         first: u32,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
-        let mut read = Vec::with_capacity(out.len());
-        self.append_blocks(chunk, rec, first, out.len() / BLOCK, &mut read, false)?;
-        out.copy_from_slice(&read);
+        let mut parts = Vec::new();
+        self.append_blocks(chunk, rec, first, out.len() / BLOCK, &mut parts, false)?;
+        let mut at = 0;
+        for part in parts {
+            out[at..at + part.len()].copy_from_slice(&part);
+            at += part.len();
+        }
         Ok(())
     }
 
     /// Appends `count` logical blocks starting at `first` to `out`, verifying each mapped
-    /// block's CRC; holes append zeros. With `memory_only`, returns Ok(false) instead of
-    /// reading the array when a block is neither in the read cache nor in a packer image
-    /// (`out` then holds some of the blocks: the caller drops it).
+    /// block's CRC; holes append zeros. Cached blocks are appended as the cache's own buffers
+    /// (no copy), a run read from the array or a packer image as one buffer. With
+    /// `memory_only`, returns Ok(false) instead of reading the array when a block is neither
+    /// in the read cache nor in a packer image (`out` then holds some of the blocks: the
+    /// caller drops it).
     fn append_blocks(
         &self,
         chunk: ChunkId,
         rec: &ChunkRecord,
         first: u32,
         count: usize,
-        out: &mut Vec<u8>,
+        out: &mut Vec<Bytes>,
         memory_only: bool,
     ) -> Result<bool, EngineError> {
+        let block_at = |i: usize| rec.blocks.get(first as usize + i).copied().flatten();
         let mut i = 0usize;
         while i < count {
-            let Some(Some(start)) = rec.blocks.get(first as usize + i).copied() else {
-                out.resize(out.len() + BLOCK, 0);
-                i += 1;
+            let Some(start) = block_at(i) else {
+                let mut n = 1usize;
+                while i + n < count && block_at(i + n).is_none() {
+                    n += 1;
+                }
+                push_zeros(out, n * BLOCK);
+                i += n;
                 continue;
             };
             // Extend the run while the physical blocks stay contiguous.
             let mut n = 1usize;
             while i + n < count
                 && n * BLOCK < ARRAY_IO_BYTES_MAX
-                && matches!(rec.blocks.get(first as usize + i + n),
-                    Some(Some(b)) if b.physical == start.physical + n as u64)
+                && matches!(block_at(i + n), Some(b) if b.physical == start.physical + n as u64)
             {
                 n += 1;
             }
             let at = out.len();
             if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out)) {
                 // Not all cached: the run comes from the packer's images or the array.
-                out.resize(at + n * BLOCK, 0);
-                if !self.read_physical(start.physical, &mut out[at..], memory_only)? {
+                let mut run = vec![0u8; n * BLOCK];
+                if !self.read_physical(start.physical, &mut run, memory_only)? {
                     return Ok(false);
                 }
+                out.push(Bytes::from(run));
             }
-            let buf = &out[at..at + n * BLOCK];
-            for k in 0..n {
+            let blocks = out[at..].iter().flat_map(|part| part.chunks_exact(BLOCK));
+            for (k, bytes) in blocks.enumerate() {
                 let logical = first + (i + k) as u32;
-                let Some(Some(b)) = rec.blocks.get(logical as usize).copied() else { continue };
-                let actual = crc32c::crc32c(&buf[k * BLOCK..(k + 1) * BLOCK]);
+                let b = block_at(i + k).expect("a run holds mapped blocks only");
+                let actual = crc32c::crc32c(bytes);
                 if actual != b.crc {
                     tracing::error!(%chunk, block = logical, physical = b.physical, "checksum mismatch");
                     // Whatever held the bad copy, the next read goes to the array.
@@ -458,18 +470,30 @@ impl Engine {
     /// Reads up to `len` bytes at `offset`. Returns fewer at the chunk end, none for a missing
     /// chunk; holes read as zeros. Every block is checked against its CRC32C first.
     pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, EngineError> {
+        Ok(self.read_parts(chunk, offset, len)?.concat())
+    }
+
+    /// As [`Engine::read`], as the buffers the bytes are in (in order, none empty): blocks of
+    /// the read cache are handed out as they are, so a caller that sends them on copies
+    /// nothing.
+    pub fn read_parts(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        len: u32,
+    ) -> Result<Vec<Bytes>, EngineError> {
         Ok(self.read_with(chunk, offset, len, false)?.unwrap_or_default())
     }
 
-    /// As [`Engine::read`], but only from memory (the read cache and the open stripes): None
-    /// when some block would have to come from the array. The storage service answers such
-    /// reads on its async worker.
+    /// As [`Engine::read_parts`], but only from memory (the read cache and the open stripes):
+    /// None when some block would have to come from the array. The storage service answers
+    /// such reads on its async worker.
     pub fn read_if_in_memory(
         &self,
         chunk: ChunkId,
         offset: u32,
         len: u32,
-    ) -> Result<Option<Vec<u8>>, EngineError> {
+    ) -> Result<Option<Vec<Bytes>>, EngineError> {
         self.read_with(chunk, offset, len, true)
     }
 
@@ -479,11 +503,12 @@ impl Engine {
         offset: u32,
         len: u32,
         memory_only: bool,
-    ) -> Result<Option<Vec<u8>>, EngineError> {
+    ) -> Result<Option<Vec<Bytes>>, EngineError> {
         let span = |end: u64| end.div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
         if memory_only && span(offset as u64 + len as u64) > SMALL_IO_BLOCKS {
-            // Large reads are not answered on the async worker (they copy megabytes), so
-            // not worth reading the map for here; the blocking path still finds them cached.
+            // Large reads are not answered on the async worker (checking their CRCs takes
+            // long), so not worth reading the map for here; the blocking path still finds them
+            // cached.
             return Ok(None);
         }
         let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
@@ -495,14 +520,12 @@ impl Engine {
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
         let count = (last - first + 1) as usize;
-        let mut buf = Vec::with_capacity(count * BLOCK);
-        if !self.append_blocks(chunk, &rec, first, count, &mut buf, memory_only)? {
+        let mut parts = Vec::new();
+        if !self.append_blocks(chunk, &rec, first, count, &mut parts, memory_only)? {
             return Ok(None);
         }
         let skip = (offset % BLOCK as u32) as usize;
-        buf.drain(..skip);
-        buf.truncate((end - offset as u64) as usize);
-        Ok(Some(buf))
+        Ok(Some(trim(parts, skip, (end - offset as u64) as usize)))
     }
 
     /// The chunk's length in bytes, None when it does not exist.
@@ -1053,4 +1076,36 @@ fn read_identity(db: &Database) -> Result<Option<Identity>, EngineError> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Zeros handed out for holes, shared by every read.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// Appends `len` zero bytes to `parts`, as slices of [`ZEROS`].
+fn push_zeros(parts: &mut Vec<Bytes>, mut len: usize) {
+    while len > 0 {
+        let n = len.min(ZEROS.len());
+        parts.push(Bytes::from_static(&ZEROS[..n]));
+        len -= n;
+    }
+}
+
+/// The `len` bytes of `parts` after the first `skip`, as slices of the same buffers.
+fn trim(parts: Vec<Bytes>, mut skip: usize, mut len: usize) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(parts.len());
+    for mut part in parts {
+        if len == 0 {
+            break;
+        }
+        if skip >= part.len() {
+            skip -= part.len();
+            continue;
+        }
+        let _ = part.split_to(skip);
+        skip = 0;
+        part.truncate(len);
+        len -= part.len();
+        out.push(part);
+    }
+    out
 }

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::auth::{self, AuthError, ClusterSecret};
+use crate::data::Data;
 use crate::frame::{self, Frame, FrameError, Kind, Limits, REQUEST_ID_CONNECTION};
 use crate::io::{FrameReader, Incoming, Outgoing, writer_loop};
 use crate::status;
@@ -96,7 +97,7 @@ impl RpcError {
 pub struct Reply {
     pub status: u16,
     pub message: Bytes,
-    pub data: Bytes,
+    pub data: Data,
 }
 
 /// Encodes a message part with postcard, refusing anything over the frame limit.
@@ -480,7 +481,11 @@ impl Client {
             }
         };
         guard.armed = false;
-        Ok(Reply { status: incoming.header.status, message: incoming.message, data: incoming.data })
+        Ok(Reply {
+            status: incoming.header.status,
+            message: incoming.message,
+            data: incoming.data.into(),
+        })
     }
 
     /// [`Client::call`] with retries for idempotent requests: retried on connection loss,
@@ -518,7 +523,7 @@ impl Client {
         request: &Req,
         data: Bytes,
         timeout: Duration,
-    ) -> Result<(Resp, Bytes), RpcError> {
+    ) -> Result<(Resp, Data), RpcError> {
         let message = encode_message(request)?;
         let reply = self.call(method, message, data, timeout).await?;
         if reply.status != status::OK {

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod client;
+mod data;
 pub mod frame;
 // Public only so the fuzz targets (crates/fuzzing) can drive the socket reader; not an API.
 #[doc(hidden)]
@@ -26,6 +27,7 @@ pub use auth::{ClusterSecret, SecretError};
 pub use client::{
     Client, ClientConfig, Reply, RetryPolicy, RpcError, decode_message, encode_message, retry,
 };
+pub use data::Data;
 pub use frame::{DATA_BYTES_MAX, FrameError, Limits, MESSAGE_BYTES_MAX};
 pub use pool::Pool;
 pub use server::{Request, Response, Router, Server, ServerConfig, Service, ShutdownHandle};

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::auth::{self, AuthError, ClusterSecret};
+use crate::data::Data;
 use crate::frame::{self, Frame, Kind, Limits, REQUEST_ID_CONNECTION};
 use crate::io::{FrameReader, Outgoing, ReadError, linger, writer_loop};
 use crate::status;
@@ -67,17 +68,17 @@ impl Request {
 pub struct Response {
     pub status: u16,
     pub message: Bytes,
-    pub data: Bytes,
+    pub data: Data,
 }
 
 impl Response {
-    pub fn ok(message: Bytes, data: Bytes) -> Response {
-        Response { status: status::OK, message, data }
+    pub fn ok(message: Bytes, data: impl Into<Data>) -> Response {
+        Response { status: status::OK, message, data: data.into() }
     }
 
     /// An ok response whose message part is `value`, postcard-encoded. An encoding failure
     /// (a bug, or a value over the message limit) becomes an [`status::INTERNAL`] response.
-    pub fn encode<T: Serialize>(value: &T, data: Bytes) -> Response {
+    pub fn encode<T: Serialize>(value: &T, data: impl Into<Data>) -> Response {
         match crate::client::encode_message(value) {
             Ok(message) => Response::ok(message, data),
             Err(e) => Response::error(status::INTERNAL, format!("cannot encode response: {e}")),
@@ -86,12 +87,12 @@ impl Response {
 
     /// A failed response with a text explanation (the rule for transport codes).
     pub fn error(code: u16, text: impl Into<String>) -> Response {
-        Response { status: code, message: Bytes::from(text.into()), data: Bytes::new() }
+        Response { status: code, message: Bytes::from(text.into()), data: Data::new() }
     }
 
     /// A failed response with any code and message (service codes with a typed body).
-    pub fn with_status(code: u16, message: Bytes, data: Bytes) -> Response {
-        Response { status: code, message, data }
+    pub fn with_status(code: u16, message: Bytes, data: impl Into<Data>) -> Response {
+        Response { status: code, message, data: data.into() }
     }
 
     /// A file-system error, as `3000 + n`, with an empty message.
@@ -450,7 +451,8 @@ async fn connection(
                 response.status,
                 header.request_id,
                 response.message,
-                response.data,
+                // A connection sends one buffer (a copy when the handler answered with more).
+                response.data.into_bytes(),
                 checksum,
             );
             // A send error means the connection is gone; the response has nowhere to go.

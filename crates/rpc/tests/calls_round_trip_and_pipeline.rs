@@ -70,7 +70,7 @@ async fn typed_calls_and_statuses() {
     let server = start().await;
     let client = Client::connect(server.addr).await.unwrap();
 
-    let (sum, data): (common::AddReply, Bytes) = client
+    let (sum, data): (common::AddReply, stria_rpc::Data) = client
         .call_typed(ADD, &AddRequest { a: 40, b: 2 }, Bytes::from_static(b"xyz"), T)
         .await
         .unwrap();

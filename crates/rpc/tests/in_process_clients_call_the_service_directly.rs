@@ -52,6 +52,14 @@ async fn in_process_clients_call_the_service_directly_with_the_same_checks() {
         assert_eq!(reply.data, data);
     }
 
+    // Data answered in several buffers reaches the caller as those buffers, uncopied.
+    let message = stria_rpc::encode_message(&4096u32).unwrap();
+    let reply = client.call(SPLIT_ECHO, message, data.clone(), T).await.unwrap();
+    assert_eq!(reply.data, data);
+    assert_eq!(reply.data.parts().len(), data.len() / 4096);
+    let second = reply.data.parts()[1].as_ptr();
+    assert_eq!(second, data[4096..].as_ptr(), "a part was copied");
+
     // A handler that panics answers INTERNAL; the caller lives on.
     let reply = client.call(PANIC, Bytes::new(), Bytes::new(), T).await.unwrap();
     assert_eq!(reply.status, stria_rpc::status::INTERNAL);
@@ -89,4 +97,12 @@ async fn servers_without_the_option_are_reached_over_tcp_only() {
     let client = Client::connect(server.addr).await.unwrap();
     let reply = client.call(ECHO, Bytes::from_static(b"m"), Bytes::new(), T).await.unwrap();
     assert_eq!(reply.status, 0);
+
+    // Over a connection, data answered in several buffers arrives whole, as one.
+    let data: Bytes = (0..100_000u32).map(|i| i as u8).collect::<Vec<u8>>().into();
+    let message = stria_rpc::encode_message(&4096u32).unwrap();
+    let reply = client.call(SPLIT_ECHO, message, data.clone(), T).await.unwrap();
+    assert_eq!(reply.status, 0);
+    assert_eq!(reply.data, data);
+    assert_eq!(reply.data.parts().len(), 1);
 }

@@ -31,6 +31,7 @@ use stria_proto::wire::{
     TargetInfo, TargetReplaceDrive, TargetSync, new_epoch, storage_method,
 };
 use stria_raid::Array;
+use stria_rpc::Data;
 
 mod drive_admin;
 
@@ -121,7 +122,7 @@ impl From<u16> for Refusal {
     }
 }
 
-type Handled = Result<(Vec<u8>, Bytes), Refusal>;
+type Handled = Result<(Vec<u8>, Data), Refusal>;
 
 impl StorageService {
     pub fn new(targets: Vec<Target>) -> StorageService {
@@ -205,14 +206,14 @@ impl StorageService {
         let r: ChunkRead = decode(message).ok()?;
         let target = self.targets.get(&r.target)?;
         let started = Instant::now();
-        let bytes = match target.engine.read_if_in_memory(r.chunk, r.offset, r.len) {
-            Ok(Some(bytes)) => bytes,
+        let data: Data = match target.engine.read_if_in_memory(r.chunk, r.offset, r.len) {
+            Ok(Some(parts)) => parts.into_iter().collect(),
             Ok(None) | Err(_) => return None,
         };
         if let Some(io) = self.io.get(&r.target) {
-            io.record_read(bytes.len(), started.elapsed());
+            io.record_read(data.len(), started.elapsed());
         }
-        Some(encode(&()).map(|reply| (reply, Bytes::from(bytes))).map_err(Into::into))
+        Some(encode(&()).map(|reply| (reply, data)).map_err(Into::into))
     }
 
     /// Whether a chunk write is taken by its target's open stripe (see
@@ -251,11 +252,12 @@ impl StorageService {
                 let r: ChunkRead = decode(message)?;
                 let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
                 let started = Instant::now();
-                let bytes = target.engine.read(r.chunk, r.offset, r.len).map_err(status_of)?;
+                let parts = target.engine.read_parts(r.chunk, r.offset, r.len);
+                let data: Data = parts.map_err(status_of)?.into_iter().collect();
                 if let Some(io) = self.io.get(&r.target) {
-                    io.record_read(bytes.len(), started.elapsed());
+                    io.record_read(data.len(), started.elapsed());
                 }
-                Ok((encode(&())?, Bytes::from(bytes)))
+                Ok((encode(&())?, data))
             }
             storage_method::CHUNK_WRITE => {
                 let w: ChunkWrite = decode(message)?;
@@ -268,13 +270,13 @@ impl StorageService {
                 if let Some(io) = self.io.get(&w.target) {
                     io.record_write(data.len(), started.elapsed());
                 }
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::CHUNK_TRUNCATE => {
                 let t: ChunkTruncate = decode(message)?;
                 let target = self.target(t.target).map_err(FsStatus::rpc_code)?;
                 target.engine.truncate(t.chunk, t.len).map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::OBJECT_REMOVE => {
                 let r: ObjectRemove = decode(message)?;
@@ -290,7 +292,7 @@ impl StorageService {
                             .map_err(status_of)?;
                     }
                 }
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::OBJECTS_REMOVE => {
                 let r: ObjectsRemove = decode(message)?;
@@ -303,13 +305,13 @@ impl StorageService {
                 }
                 let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
                 target.engine.remove_objects(&r.objects).map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::TARGET_SYNC => {
                 let s: TargetSync = decode(message)?;
                 let target = self.target(s.target).map_err(FsStatus::rpc_code)?;
                 target.engine.sync().map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::TARGET_FAIL_DRIVE => {
                 let f: TargetFailDrive = decode(message)?;
@@ -321,17 +323,17 @@ impl StorageService {
                 tracing::warn!(target = %f.target, slot = f.slot, "drive failed by operator request");
                 // A hot spare may have taken the slot: the record follows.
                 self.record_after_fail(&target);
-                Ok((encode(&target.info())?, Bytes::new()))
+                Ok((encode(&target.info())?, Data::new()))
             }
             storage_method::TARGET_REPLACE_DRIVE => {
                 let r: TargetReplaceDrive = decode(message)?;
                 let target = self.serve_replace(&r)?;
-                Ok((encode(&target.info())?, Bytes::new()))
+                Ok((encode(&target.info())?, Data::new()))
             }
             storage_method::TARGET_ADD_SPARE => {
                 let a: TargetAddSpare = decode(message)?;
                 let target = self.serve_add_spare(&a)?;
-                Ok((encode(&target.info())?, Bytes::new()))
+                Ok((encode(&target.info())?, Data::new()))
             }
             storage_method::CHUNK_PUNCH => {
                 let p: ChunkPunch = decode(message)?;
@@ -342,7 +344,7 @@ impl StorageService {
                 }
                 let target = self.target(p.target).map_err(FsStatus::rpc_code)?;
                 target.engine.discard(p.chunk, p.offset, p.len).map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Bytes::new()))
+                Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::CHUNK_MAP => {
                 let m: ChunkMap = decode(message)?;
@@ -352,7 +354,7 @@ impl StorageService {
                     .into_iter()
                     .map(|(first_block, blocks)| BlockRun { first_block, blocks })
                     .collect();
-                Ok((encode(&ChunkMapReply { runs })?, Bytes::new()))
+                Ok((encode(&ChunkMapReply { runs })?, Data::new()))
             }
             storage_method::OBJECT_SPACE => {
                 let o: ObjectSpace = decode(message)?;
@@ -362,11 +364,11 @@ impl StorageService {
                     allocated_bytes: usage.allocated_bytes(),
                     chunks: usage.chunks,
                 };
-                Ok((encode(&reply)?, Bytes::new()))
+                Ok((encode(&reply)?, Data::new()))
             }
             storage_method::TARGET_LIST => {
                 let infos: Vec<TargetInfo> = self.targets.values().map(|t| t.info()).collect();
-                Ok((encode(&infos)?, Bytes::new()))
+                Ok((encode(&infos)?, Data::new()))
             }
             _ => Err(stria_rpc::status::UNKNOWN_METHOD.into()),
         }

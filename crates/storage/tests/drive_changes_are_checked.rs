@@ -223,7 +223,7 @@ fn drive_changes_are_checked_recorded_and_rebuilt() {
     let (_, bytes) = runtime
         .block_on(service.handle(storage_method::CHUNK_READ, message, Bytes::new()))
         .expect("read back");
-    assert!(bytes[..] == data[..], "the data survived two drive changes");
+    assert!(bytes == data[..], "the data survived two drive changes");
     drop(service);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,6 +26,8 @@ pub const NOT_FOUND: u16 = 1004;
 pub const COUNTED: u16 = 1005;
 /// Answers with `len` bytes of data (message: postcard u32).
 pub const BIG_REPLY: u16 = 1006;
+/// Echoes the data as parts of the size given in the message (postcard u32).
+pub const SPLIT_ECHO: u16 = 1007;
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
 pub struct Delay {
@@ -97,6 +99,17 @@ pub fn router(stats: Arc<Stats>) -> Router {
                 Err(bad) => return bad,
             };
             Response::ok(Bytes::new(), Bytes::from(vec![0x5a; len as usize]))
+        })
+        .route(SPLIT_ECHO, |req| async move {
+            let part: u32 = match req.decode::<u32>() {
+                Ok(part) => part.max(1),
+                Err(bad) => return bad,
+            };
+            let data = req.data.clone();
+            let parts = (0..data.len()).step_by(part as usize);
+            let data: stria_rpc::Data =
+                parts.map(|at| data.slice(at..(at + part as usize).min(data.len()))).collect();
+            Response::ok(Bytes::new(), data)
         })
 }
 
