@@ -16,7 +16,7 @@ use stria_raid::Array;
 use crate::alloc::{Allocator, Run};
 use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META};
-use crate::packer::{Cached, Packer};
+use crate::packer::{Cached, Packer, Retired};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
 use crate::records::RecordCache;
 use crate::superblock::{FORMAT_VERSION, Superblock};
@@ -556,6 +556,25 @@ impl Engine {
         data: &[u8],
         crc: Option<u32>,
     ) -> Result<WriteDone, EngineError> {
+        let (done, retired) = self.write_deferring(chunk, offset, data, crc)?;
+        if let Some(retired) = retired {
+            self.write_retired(retired)?;
+        }
+        Ok(done)
+    }
+
+    /// As [`Engine::write`], but a small write that fills the open stripe of packed writes
+    /// (`docs/internals/engine.md`) returns before that stripe's array write, with the stripe
+    /// for the caller to write out ([`Engine::write_retired`]), on another thread if it likes.
+    /// The write's bytes are readable at once either way. A stripe never written out is
+    /// written by the next packed write short of room, or the next sync.
+    pub fn write_deferring(
+        &self,
+        chunk: ChunkId,
+        offset: u32,
+        data: &[u8],
+        crc: Option<u32>,
+    ) -> Result<(WriteDone, Option<Retired>), EngineError> {
         let end = offset as u64 + data.len() as u64;
         Self::check_end(chunk, end)?;
         // Whole blocks go to the array as they are: their block CRCs also check the payload's.
@@ -579,13 +598,14 @@ impl Engine {
         let existed = existing.is_some();
         let rec = existing.unwrap_or_default();
         if data.is_empty() {
-            return Ok(WriteDone { chunk_len: rec.len_bytes });
+            return Ok((WriteDone { chunk_len: rec.len_bytes }, None));
         }
         let new_len = rec.len_bytes.max(end as u32);
         if let Some(crcs) = block_crcs {
             let places = [(offset / BLOCK as u32, crcs.len())];
-            self.apply_blocks(chunk, rec, existed, &places, data, crcs, None, new_len)?;
-            return Ok(WriteDone { chunk_len: new_len });
+            let retired =
+                self.apply_blocks(chunk, rec, existed, &places, data, crcs, None, new_len)?;
+            return Ok((WriteDone { chunk_len: new_len }, retired));
         }
         let first = offset / BLOCK as u32;
         let last = ((end - 1) / BLOCK as u64) as u32;
@@ -602,15 +622,19 @@ impl Engine {
         }
         let skip = offset as usize % BLOCK;
         bytes[skip..skip + data.len()].copy_from_slice(data);
-        self.apply(
-            chunk,
-            rec,
-            existed,
-            vec![Segment { first_block: first, bytes }],
-            None,
-            new_len,
-        )?;
-        Ok(WriteDone { chunk_len: new_len })
+        let segments = vec![Segment { first_block: first, bytes }];
+        let retired = self.apply(chunk, rec, existed, segments, None, new_len)?;
+        Ok((WriteDone { chunk_len: new_len }, retired))
+    }
+
+    /// Writes out a stripe [`Engine::write_deferring`] retired (nothing when another thread
+    /// already started on it). Fails as the stripe's write did, or as an earlier stripe write
+    /// did: one failure fails every later packed write and sync until the target is reopened.
+    pub fn write_retired(&self, retired: Retired) -> Result<(), EngineError> {
+        match &self.packer {
+            Some(packer) => packer.write_retired(&self.array, &self.alloc, &self.cache, retired),
+            None => Ok(()),
+        }
     }
 
     /// Sets the chunk's length: shrinking frees the blocks past it (and zeroes the tail of a
@@ -637,7 +661,8 @@ impl Engine {
             bytes[tail..].fill(0);
             segments.push(Segment { first_block: block, bytes });
         }
-        self.apply(chunk, rec, existed, segments, None, len)
+        let retired = self.apply(chunk, rec, existed, segments, None, len)?;
+        retired.map_or(Ok(()), |retired| self.write_retired(retired))
     }
 
     /// Makes `[offset, offset+len)` read as zeros and frees the whole blocks in it. The chunk
@@ -713,7 +738,10 @@ impl Engine {
             return Ok(true);
         }
         let new_len = rec.len_bytes;
-        self.apply(chunk, rec, true, segments, unmap, new_len)?;
+        let retired = self.apply(chunk, rec, true, segments, unmap, new_len)?;
+        if let Some(retired) = retired {
+            self.write_retired(retired)?;
+        }
         Ok(false)
     }
 
@@ -911,7 +939,8 @@ impl Engine {
 
     /// Writes `segments` to fresh blocks, unmaps `unmap` (a logical block range), sets the
     /// length, commits the record, and parks every replaced block until the next durable
-    /// commit. Called with the chunk's lock held exclusively.
+    /// commit. Called with the chunk's lock held exclusively. Returns the stripe of packed
+    /// writes this retired, for the caller to write out (best once it let go of the lock).
     fn apply(
         &self,
         chunk: ChunkId,
@@ -920,7 +949,7 @@ impl Engine {
         segments: Vec<Segment>,
         unmap: Option<(u32, u32)>,
         new_len: u32,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<Retired>, EngineError> {
         // Where each segment goes: (first logical block, block count).
         let places: Vec<(u32, usize)> =
             segments.iter().map(|s| (s.first_block, s.bytes.len() / BLOCK)).collect();
@@ -947,20 +976,20 @@ impl Engine {
         crcs: Vec<u32>,
         unmap: Option<(u32, u32)>,
         new_len: u32,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<Retired>, EngineError> {
         let packed = match &self.packer {
             Some(p) => p.write(&self.array, &self.alloc, &self.cache, data)?,
             None => None,
         };
-        let runs = match packed {
-            Some(runs) => runs,
+        let (runs, retired) = match packed {
+            Some(packed) => packed,
             None => {
                 let runs = self.allocate(crcs.len() as u64)?;
                 if let Err(e) = self.write_runs(&runs, data) {
                     lock(&self.alloc).release(&runs);
                     return Err(e);
                 }
-                runs
+                (runs, None)
             }
         };
         // Block j of the concatenated segments goes to the j-th allocated block.
@@ -1003,7 +1032,7 @@ impl Engine {
         }
         replaced.sort_unstable();
         self.release_later(&runs_of(&replaced));
-        Ok(())
+        Ok(retired)
     }
 
     /// Parks blocks no committed record names any more until the next durable commit, and

@@ -41,6 +41,7 @@ mod usage;
 pub use cache::ReadCacheStats;
 pub use engine::{Engine, MAP_FILE_NAME, SpaceStats, WriteDone};
 pub use error::EngineError;
+pub use packer::Retired;
 pub use usage::ObjectUsage;
 
 /// The engine's block: the unit of allocation and of checksums.

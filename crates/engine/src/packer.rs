@@ -9,9 +9,12 @@
 //! - The stripe is taken wholly free from the allocator. A small write only copies its blocks
 //!   into the image and returns: no array I/O, no wait (write-back, as a page cache).
 //! - The stripe is *retired* when it is full, or when a write does not fit in what is left:
-//!   the thread that retires it writes the whole image with one full-stripe write (zeros in an
-//!   unused tail, which then goes back to the allocator), so parity never needs a read or the
-//!   journal. A stripe that a sync closes while less than a quarter full is written as an
+//!   it is then written whole with one full-stripe write (zeros in an unused tail, which then
+//!   goes back to the allocator), so parity never needs a read or the journal. The write that
+//!   retired it gets a [`Retired`] handle and writes it out ([`Packer::write_retired`]),
+//!   after it let go of its chunk's lock, or hands that to another thread (the storage service
+//!   does, for writes it runs on its async worker); a writer that finds too many stripes
+//!   retiring, or a sync, writes out any retired stripe nobody has started on. A stripe that a sync closes while less than a quarter full is written as an
 //!   ordinary partial-stripe update instead, so a trickle of writes with periodic syncs does
 //!   not write a whole stripe per sync. Meanwhile a fresh stripe takes new writes; at most
 //!   [`RETIRING_MAX`] + 1 stripes wait for their write, so memory stays bounded.
@@ -69,7 +72,7 @@ pub(crate) struct Packer {
 struct State {
     /// The stripe taking new writes.
     open: Option<Stripe>,
-    /// Stripes being written out by the thread that retired them.
+    /// Full (or closed) stripes waiting for their write or being written.
     retiring: Vec<Stripe>,
     /// A sync is closing the open stripe: new writes wait.
     closing: bool,
@@ -86,6 +89,16 @@ struct Stripe {
     /// The stripe's content. Shared with readers and with the thread writing it out; a write
     /// into the open stripe copies it only while somebody else holds it.
     image: Arc<AlignedBuf>,
+    /// A retiring stripe whose write has started (a thread claimed it).
+    writing: bool,
+}
+
+/// A stripe a write retired: the caller writes it out with [`Packer::write_retired`]. One never
+/// written out is written by the next writer short of room, or the next sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a retired stripe waits in memory until it is written out"]
+pub struct Retired {
+    first_block: u64,
 }
 
 /// Part of a run of array blocks: `count` blocks from `at` (index into the run) are either in
@@ -99,6 +112,17 @@ pub(crate) struct Cached {
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks a retiring stripe whose write has not started as being written and returns it: the
+/// one starting at `first_block`, or any.
+fn claim(st: &mut State, first_block: Option<u64>) -> Option<Stripe> {
+    let stripe = st
+        .retiring
+        .iter_mut()
+        .find(|s| !s.writing && first_block.is_none_or(|first| s.first_block == first))?;
+    stripe.writing = true;
+    Some(stripe.clone())
 }
 
 impl Packer {
@@ -135,16 +159,17 @@ impl Packer {
     }
 
     /// Copies `data` (whole blocks) into consecutive blocks of the open stripe and returns
-    /// them. The bytes reach the array when the stripe is retired or closed. `Ok(None)`: not a
-    /// packable write, or no wholly free stripe left; the caller allocates and writes it the
-    /// ordinary way.
+    /// them, with the stripe this write retired if it did (the caller writes it out). The
+    /// bytes reach the array when the stripe is retired or closed. `Ok(None)`: not a packable
+    /// write, or no wholly free stripe left; the caller allocates and writes it the ordinary
+    /// way.
     pub(crate) fn write(
         &self,
         array: &Array,
         alloc: &Mutex<Allocator>,
         cache: &BlockCache,
         data: &[u8],
-    ) -> Result<Option<Vec<Run>>, EngineError> {
+    ) -> Result<Option<(Vec<Run>, Option<Retired>)>, EngineError> {
         let n = (data.len() / BLOCK) as u64;
         if n == 0 || n > self.job_blocks_max {
             return Ok(None);
@@ -161,20 +186,30 @@ impl Packer {
             {
                 break;
             }
+            if !st.closing
+                && st.retiring.len() >= RETIRING_MAX
+                && let Some(waiting) = claim(&mut st, None)
+            {
+                // Too many retired: write out one whose write nobody has started.
+                drop(st);
+                self.write_out(array, alloc, cache, waiting)?;
+                st = lock(&self.state);
+                continue;
+            }
             if st.closing || st.retiring.len() >= RETIRING_MAX {
                 st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
             // The open stripe has no room for this write: retire it, open a fresh one.
             if let Some(full) = st.open.take() {
-                st.retiring.push(full.clone());
-                retired = Some(full);
+                retired = Some(Retired { first_block: full.first_block });
+                st.retiring.push(full);
             }
             let fresh = alloc.lock().unwrap_or_else(|e| e.into_inner()).allocate_stripe();
             let Some(first_block) = fresh else {
                 drop(st);
                 if let Some(full) = retired {
-                    self.write_out(array, alloc, cache, full)?;
+                    self.write_retired(array, alloc, cache, full)?;
                 }
                 return Ok(None);
             };
@@ -185,6 +220,7 @@ impl Packer {
                 first_block,
                 filled: 0,
                 image: Arc::new(AlignedBuf::zeroed(self.stripe_blocks as usize * BLOCK)),
+                writing: false,
             });
         }
         let o = st.open.as_mut().expect("checked above");
@@ -194,20 +230,33 @@ impl Packer {
         o.filled += n;
         if o.filled == self.stripe_blocks {
             let full = st.open.take().expect("open");
-            st.retiring.push(full.clone());
             // At most one stripe is retired per write: a full one here means none was above.
             debug_assert!(retired.is_none());
-            retired = Some(full);
+            retired = Some(Retired { first_block: full.first_block });
+            st.retiring.push(full);
         }
-        drop(st);
-        if let Some(full) = retired {
-            self.write_out(array, alloc, cache, full)?;
-        }
-        Ok(Some(runs))
+        Ok(Some((runs, retired)))
     }
 
-    /// Writes a retiring stripe to the array, then drops it from the packer and hands its
-    /// unused tail back to the allocator.
+    /// Writes out a stripe [`Packer::write`] retired, unless another thread has started on it
+    /// (a writer short of room, or a sync: they report a failure of that write themselves,
+    /// and it fails every later packed write and sync).
+    pub(crate) fn write_retired(
+        &self,
+        array: &Array,
+        alloc: &Mutex<Allocator>,
+        cache: &BlockCache,
+        retired: Retired,
+    ) -> Result<(), EngineError> {
+        let stripe = claim(&mut lock(&self.state), Some(retired.first_block));
+        match stripe {
+            Some(stripe) => self.write_out(array, alloc, cache, stripe),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a claimed retiring stripe to the array, then drops it from the packer and hands
+    /// its unused tail back to the allocator.
     fn write_out(
         &self,
         array: &Array,
@@ -268,12 +317,21 @@ impl Packer {
         }
         st.closing = true;
         while !st.retiring.is_empty() {
-            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            match claim(&mut st, None) {
+                Some(waiting) => {
+                    // A failure is sticky in `failed`, reported below.
+                    drop(st);
+                    let _ = self.write_out(array, alloc, cache, waiting);
+                    st = lock(&self.state);
+                }
+                None => st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
+            }
         }
-        let open = st.open.take();
-        if let Some(o) = &open {
+        let open = st.open.take().map(|mut o| {
+            o.writing = true;
             st.retiring.push(o.clone());
-        }
+            o
+        });
         drop(st);
         let written = match open {
             Some(o) => self.write_out(array, alloc, cache, o),

@@ -2,7 +2,9 @@
 //! no partial-stripe update for them, their parity stays right (a lost drive reads everything
 //! back), a sync closes the open stripe so synced blocks are never written again, and space
 //! accounting still adds up. The open stripe is held in memory (write-back) until it is full or
-//! a sync closes it; a failed stripe write fails the next sync.
+//! a sync closes it; a failed stripe write fails the next sync. The write that fills a stripe
+//! may leave its array write to the caller (`Engine::write_deferring`), who may do it later,
+//! on another thread, or never: a writer short of room or the next sync then does it.
 
 mod common;
 
@@ -235,6 +237,46 @@ fn small_writes_stay_in_memory_until_their_stripe_is_full_or_synced() {
 }
 
 #[test]
+fn a_filled_stripe_is_written_by_its_writer_later_or_else_by_the_next_writer_or_sync() {
+    let (_drives, array) = raid5(16);
+    let dir = temp_dir("packed-deferred");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    let stripe_blocks = array.geometry().stripe_data_bytes() / 4096;
+    let block = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+    let write =
+        |i: u64| engine.write_deferring(chunk(i + 1, 0), 0, &block(i), None).expect("write");
+    let before = bytes_written(&array);
+    for i in 0..stripe_blocks - 1 {
+        assert_eq!(write(i).1, None, "block {i} did not fill the stripe");
+    }
+    let retired = write(stripe_blocks - 1).1.expect("the last block fills the stripe");
+    assert_eq!(bytes_written(&array), before, "the filled stripe waits for its writer");
+    for i in 0..stripe_blocks {
+        assert!(engine.read(chunk(i + 1, 0), 0, 4096).expect("read") == block(i), "block {i}");
+    }
+    engine.write_retired(retired).expect("write out");
+    let written = bytes_written(&array);
+    assert!(written - before >= stripe_blocks * 4096, "the stripe is written");
+    engine.write_retired(retired).expect("a second write-out does nothing");
+    assert_eq!(bytes_written(&array), written);
+
+    // Filled stripes nobody writes out: writers short of room write them; no one waits forever.
+    let stripes = 6;
+    let mut dropped = 0;
+    for i in stripe_blocks..stripe_blocks * (1 + stripes) {
+        dropped += usize::from(write(i).1.is_some());
+    }
+    assert_eq!(dropped, stripes as usize, "one stripe retired per stripe filled");
+    assert!(bytes_written(&array) > written, "stripes left alone were written by later writers");
+    engine.sync().expect("the sync writes whatever is left");
+    // All of it on the array with its parity: one drive lost, every block reads back.
+    array.fail_drive(1).expect("fail a drive");
+    for i in 0..stripe_blocks * (1 + stripes) {
+        assert!(engine.read(chunk(i + 1, 0), 0, 4096).expect("read") == block(i), "block {i}");
+    }
+}
+
+#[test]
 fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
     let faulty: Vec<Arc<FaultDevice>> = (0..4)
         .map(|i| {
@@ -262,6 +304,43 @@ fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
     let err = engine.sync().expect_err("the stripe cannot be written");
     assert!(matches!(err.status(), FsStatus::Io | FsStatus::ReadOnly), "{err}");
     let err = engine.write(chunk(2, 0), 0, &[6u8; 4096], None).expect_err("target refuses");
+    assert!(matches!(err.status(), FsStatus::Io | FsStatus::ReadOnly), "{err}");
+    std::mem::forget(engine); // dropping would try to sync the dead array again
+}
+
+#[test]
+fn a_filled_stripe_written_out_later_reports_its_failure_then_and_at_the_sync() {
+    let faulty: Vec<Arc<FaultDevice>> = (0..4)
+        .map(|i| {
+            let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(format!("d{i}"), 16 << 20));
+            Arc::new(FaultDevice::new(mem))
+        })
+        .collect();
+    let devs: Vec<Arc<dyn BlockDevice>> =
+        faulty.iter().map(|d| d.clone() as Arc<dyn BlockDevice>).collect();
+    let config = ArrayConfig {
+        level: Level::Raid5,
+        stripe_unit_bytes: 16 * 1024,
+        rated_tbw: 0,
+        journal_bytes: None,
+    };
+    let array = Arc::new(
+        Array::create(devs, &config, &CreateOptions { skip_discard: true }).expect("array"),
+    );
+    let dir = temp_dir("packed-deferred-failed");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    let stripe_blocks = array.geometry().stripe_data_bytes() / 4096;
+    let mut retired = None;
+    for i in 0..stripe_blocks {
+        let (_, r) = engine.write_deferring(chunk(i + 1, 0), 0, &[7u8; 4096], None).expect("write");
+        retired = retired.or(r);
+    }
+    let retired = retired.expect("the stripe filled");
+    faulty[0].fail();
+    faulty[1].fail();
+    let err = engine.write_retired(retired).expect_err("the stripe cannot be written");
+    assert!(matches!(err.status(), FsStatus::Io | FsStatus::ReadOnly), "{err}");
+    let err = engine.sync().expect_err("the sync reports it too");
     assert!(matches!(err.status(), FsStatus::Io | FsStatus::ReadOnly), "{err}");
     std::mem::forget(engine); // dropping would try to sync the dead array again
 }

@@ -188,7 +188,8 @@ impl StorageService {
         if method == storage_method::CHUNK_WRITE && self.buffered_write(&message, data.len()) {
             // Copied into the open stripe's image and committed, no array I/O: CPU work of
             // tens of µs, cheaper here than two thread wake-ups through the blocking pool.
-            return Box::pin(std::future::ready(self.handle_blocking(method, &message, data)));
+            // The array write of a stripe it fills goes to the blocking pool.
+            return Box::pin(std::future::ready(self.chunk_write(&message, data, true)));
         }
         let service = self.clone();
         Box::pin(async move {
@@ -214,6 +215,39 @@ impl StorageService {
             io.record_read(data.len(), started.elapsed());
         }
         Some(encode(&()).map(|reply| (reply, data)).map_err(Into::into))
+    }
+
+    /// A chunk write. With `off_thread` (a write run on the async worker), the array write of a
+    /// stripe of packed writes it fills is handed to the blocking pool, so the worker never
+    /// waits for a drive: the write's bytes are readable at once, and a failure of that stripe
+    /// write fails the target's next writes and syncs (`Engine::write_retired`).
+    fn chunk_write(&self, message: &[u8], data: Bytes, off_thread: bool) -> Handled {
+        let w: ChunkWrite = decode(message)?;
+        let target = self.target(w.target).map_err(FsStatus::rpc_code)?;
+        let started = Instant::now();
+        let written = target.engine.write_deferring(w.chunk, w.offset, &data, Some(w.crc));
+        let (_, retired) = written.map_err(status_of)?;
+        if let Some(retired) = retired {
+            let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| off_thread);
+            match runtime {
+                Some(runtime) => {
+                    let target = target.clone();
+                    runtime.spawn_blocking(move || {
+                        if let Err(e) = target.engine.write_retired(retired) {
+                            tracing::error!(target = %target.id, "stripe write failed: {e}");
+                        }
+                    });
+                }
+                None => target.engine.write_retired(retired).map_err(status_of)?,
+            }
+        }
+        if w.sync {
+            target.engine.sync().map_err(status_of)?;
+        }
+        if let Some(io) = self.io.get(&w.target) {
+            io.record_write(data.len(), started.elapsed());
+        }
+        Ok((encode(&self.epoch)?, Data::new()))
     }
 
     /// Whether a chunk write is taken by its target's open stripe (see
@@ -259,19 +293,7 @@ impl StorageService {
                 }
                 Ok((encode(&())?, data))
             }
-            storage_method::CHUNK_WRITE => {
-                let w: ChunkWrite = decode(message)?;
-                let target = self.target(w.target).map_err(FsStatus::rpc_code)?;
-                let started = Instant::now();
-                target.engine.write(w.chunk, w.offset, &data, Some(w.crc)).map_err(status_of)?;
-                if w.sync {
-                    target.engine.sync().map_err(status_of)?;
-                }
-                if let Some(io) = self.io.get(&w.target) {
-                    io.record_write(data.len(), started.elapsed());
-                }
-                Ok((encode(&self.epoch)?, Data::new()))
-            }
+            storage_method::CHUNK_WRITE => self.chunk_write(message, data, false),
             storage_method::CHUNK_TRUNCATE => {
                 let t: ChunkTruncate = decode(message)?;
                 let target = self.target(t.target).map_err(FsStatus::rpc_code)?;
