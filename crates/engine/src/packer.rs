@@ -14,10 +14,11 @@
 //!   retired it gets a [`Retired`] handle and writes it out ([`Packer::write_retired`]),
 //!   after it let go of its chunk's lock, or hands that to another thread (the storage service
 //!   does, for writes it runs on its async worker); a writer that finds too many stripes
-//!   retiring, or a sync, writes out any retired stripe nobody has started on. A stripe that a sync closes while less than a quarter full is written as an
-//!   ordinary partial-stripe update instead, so a trickle of writes with periodic syncs does
-//!   not write a whole stripe per sync. Meanwhile a fresh stripe takes new writes; at most
-//!   [`RETIRING_MAX`] + 1 stripes wait for their write, so memory stays bounded.
+//!   retiring, or a sync, writes out any retired stripe nobody has started on. A stripe that a
+//!   sync closes while less than a quarter full is written as an ordinary partial-stripe
+//!   update instead, so a trickle of writes with periodic syncs does not write a whole stripe
+//!   per sync. Meanwhile a fresh stripe takes new writes; at most [`RETIRING_MAX`] + 1
+//!   stripes wait for their write, so memory stays bounded.
 //! - Reads of blocks still in an image are served from it ([`Packer::cached`]); a stripe leaves
 //!   the packer only after its write completed, so a block is always either in an image or on
 //!   the array.
@@ -239,8 +240,8 @@ impl Packer {
     }
 
     /// Writes out a stripe [`Packer::write`] retired, unless another thread has started on it
-    /// (a writer short of room, or a sync: they report a failure of that write themselves,
-    /// and it fails every later packed write and sync).
+    /// (a writer short of room, or a sync). Fails when its write fails, or when a stripe
+    /// write failed before (a failure is sticky until the target is reopened).
     pub(crate) fn write_retired(
         &self,
         array: &Array,
@@ -248,9 +249,15 @@ impl Packer {
         cache: &BlockCache,
         retired: Retired,
     ) -> Result<(), EngineError> {
-        let stripe = claim(&mut lock(&self.state), Some(retired.first_block));
-        match stripe {
-            Some(stripe) => self.write_out(array, alloc, cache, stripe),
+        let mut st = lock(&self.state);
+        if let Some(reason) = &st.failed {
+            return Err(EngineError::PackedWrite(reason.clone()));
+        }
+        match claim(&mut st, Some(retired.first_block)) {
+            Some(stripe) => {
+                drop(st);
+                self.write_out(array, alloc, cache, stripe)
+            }
             None => Ok(()),
         }
     }
