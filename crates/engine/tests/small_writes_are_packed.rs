@@ -276,8 +276,8 @@ fn a_filled_stripe_is_written_by_its_writer_later_or_else_by_the_next_writer_or_
     }
 }
 
-#[test]
-fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
+/// A RAID 5 of four in-memory drives whose faults a test injects.
+fn faulty_raid5() -> (Vec<Arc<FaultDevice>>, Arc<Array>) {
     let faulty: Vec<Arc<FaultDevice>> = (0..4)
         .map(|i| {
             let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(format!("d{i}"), 16 << 20));
@@ -295,6 +295,12 @@ fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
     let array = Arc::new(
         Array::create(devs, &config, &CreateOptions { skip_discard: true }).expect("array"),
     );
+    (faulty, array)
+}
+
+#[test]
+fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
+    let (faulty, array) = faulty_raid5();
     let dir = temp_dir("packed-failed");
     let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
     engine.write(chunk(1, 0), 0, &[5u8; 4096], None).expect("write into memory");
@@ -310,23 +316,7 @@ fn a_stripe_that_cannot_be_written_fails_the_sync_and_later_writes() {
 
 #[test]
 fn a_filled_stripe_written_out_later_reports_its_failure_then_and_at_the_sync() {
-    let faulty: Vec<Arc<FaultDevice>> = (0..4)
-        .map(|i| {
-            let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(format!("d{i}"), 16 << 20));
-            Arc::new(FaultDevice::new(mem))
-        })
-        .collect();
-    let devs: Vec<Arc<dyn BlockDevice>> =
-        faulty.iter().map(|d| d.clone() as Arc<dyn BlockDevice>).collect();
-    let config = ArrayConfig {
-        level: Level::Raid5,
-        stripe_unit_bytes: 16 * 1024,
-        rated_tbw: 0,
-        journal_bytes: None,
-    };
-    let array = Arc::new(
-        Array::create(devs, &config, &CreateOptions { skip_discard: true }).expect("array"),
-    );
+    let (faulty, array) = faulty_raid5();
     let dir = temp_dir("packed-deferred-failed");
     let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
     let stripe_blocks = array.geometry().stripe_data_bytes() / 4096;
