@@ -64,15 +64,15 @@ impl Array {
                     }
                 } else {
                     for p in in_stripe {
-                        let buf = AlignedBuf::from_slice(bytes_of(p));
                         for d in g.data_drives(stripe, p.index).iter() {
                             if members[d].writable() {
+                                // Each drive's write owns its buffer until it completes.
                                 self.push_write(
                                     &members,
                                     d,
                                     stripe,
                                     p.offset_in_chunk / BLOCK,
-                                    buf.clone(),
+                                    AlignedBuf::from_slice(bytes_of(p)),
                                     &mut tickets,
                                     &mut crc_updates,
                                 );
