@@ -470,7 +470,12 @@ impl Engine {
     /// Reads up to `len` bytes at `offset`. Returns fewer at the chunk end, none for a missing
     /// chunk; holes read as zeros. Every block is checked against its CRC32C first.
     pub fn read(&self, chunk: ChunkId, offset: u32, len: u32) -> Result<Vec<u8>, EngineError> {
-        Ok(self.read_parts(chunk, offset, len)?.concat())
+        let mut parts = self.read_parts(chunk, offset, len)?;
+        // One buffer (a run read from the array) is handed over as it is, not copied.
+        match parts.len() {
+            1 => Ok(Vec::from(parts.pop().expect("one part"))),
+            _ => Ok(parts.concat()),
+        }
     }
 
     /// As [`Engine::read`], as the buffers the bytes are in (in order, none empty): blocks of
@@ -557,9 +562,7 @@ impl Engine {
         crc: Option<u32>,
     ) -> Result<WriteDone, EngineError> {
         let (done, retired) = self.write_deferring(chunk, offset, data, crc)?;
-        if let Some(retired) = retired {
-            self.write_retired(retired)?;
-        }
+        self.write_out(retired)?;
         Ok(done)
     }
 
@@ -637,6 +640,11 @@ impl Engine {
         }
     }
 
+    /// Writes out the stripe a change of this thread retired, if it retired one.
+    fn write_out(&self, retired: Option<Retired>) -> Result<(), EngineError> {
+        retired.map_or(Ok(()), |retired| self.write_retired(retired))
+    }
+
     /// Sets the chunk's length: shrinking frees the blocks past it (and zeroes the tail of a
     /// partial last block), growing adds a hole. Creates the chunk when missing.
     pub fn truncate(&self, chunk: ChunkId, len: u32) -> Result<(), EngineError> {
@@ -662,7 +670,7 @@ impl Engine {
             segments.push(Segment { first_block: block, bytes });
         }
         let retired = self.apply(chunk, rec, existed, segments, None, len)?;
-        retired.map_or(Ok(()), |retired| self.write_retired(retired))
+        self.write_out(retired)
     }
 
     /// Makes `[offset, offset+len)` read as zeros and frees the whole blocks in it. The chunk
@@ -739,9 +747,7 @@ impl Engine {
         }
         let new_len = rec.len_bytes;
         let retired = self.apply(chunk, rec, true, segments, unmap, new_len)?;
-        if let Some(retired) = retired {
-            self.write_retired(retired)?;
-        }
+        self.write_out(retired)?;
         Ok(false)
     }
 

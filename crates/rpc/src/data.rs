@@ -134,6 +134,15 @@ impl From<Vec<u8>> for Data {
     }
 }
 
+/// The buffers as they are (empty ones dropped), in the same vector.
+impl From<Vec<Bytes>> for Data {
+    fn from(mut parts: Vec<Bytes>) -> Data {
+        parts.retain(|part| !part.is_empty());
+        let len = parts.iter().map(Bytes::len).sum();
+        Data { parts, len }
+    }
+}
+
 impl FromIterator<Bytes> for Data {
     fn from_iter<I: IntoIterator<Item = Bytes>>(parts: I) -> Data {
         let mut data = Data::new();
@@ -211,6 +220,10 @@ mod tests {
             data.copy_to_slice(&mut head);
             assert_eq!(head[..], bytes[..37]);
             assert_eq!(data, Data::from(bytes.clone()));
+            let mut with_empty = data.parts().to_vec();
+            with_empty.insert(0, Bytes::new());
+            let from_vec = Data::from(with_empty);
+            assert!(from_vec == data && from_vec.parts().iter().all(|p| !p.is_empty()));
             assert_eq!(data, bytes[..]);
             assert_ne!(data, bytes[..99]);
         }

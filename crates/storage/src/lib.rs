@@ -208,7 +208,7 @@ impl StorageService {
         let target = self.targets.get(&r.target)?;
         let started = Instant::now();
         let data: Data = match target.engine.read_if_in_memory(r.chunk, r.offset, r.len) {
-            Ok(Some(parts)) => parts.into_iter().collect(),
+            Ok(Some(parts)) => Data::from(parts),
             Ok(None) | Err(_) => return None,
         };
         if let Some(io) = self.io.get(&r.target) {
@@ -228,9 +228,8 @@ impl StorageService {
         let written = target.engine.write_deferring(w.chunk, w.offset, &data, Some(w.crc));
         let (_, retired) = written.map_err(status_of)?;
         if let Some(retired) = retired {
-            let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| off_thread);
-            match runtime {
-                Some(runtime) => {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) if off_thread => {
                     let target = target.clone();
                     runtime.spawn_blocking(move || {
                         if let Err(e) = target.engine.write_retired(retired) {
@@ -238,7 +237,7 @@ impl StorageService {
                         }
                     });
                 }
-                None => target.engine.write_retired(retired).map_err(status_of)?,
+                _ => target.engine.write_retired(retired).map_err(status_of)?,
             }
         }
         if w.sync {
@@ -287,7 +286,7 @@ impl StorageService {
                 let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
                 let started = Instant::now();
                 let parts = target.engine.read_parts(r.chunk, r.offset, r.len);
-                let data: Data = parts.map_err(status_of)?.into_iter().collect();
+                let data = Data::from(parts.map_err(status_of)?);
                 if let Some(io) = self.io.get(&r.target) {
                     io.record_read(data.len(), started.elapsed());
                 }
