@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use redb::ReadableTable;
 use stria_proto::fs::{FsStatus, Ino, ROOT_INO, SYMLINK_BYTES_MAX};
 
 use crate::error::{Result, fs};
@@ -405,7 +406,7 @@ pub(crate) fn drop_link(
     }
     if opens.get(&ino).copied().unwrap_or(0) > 0 {
         tx.put_inode(ino, &rec)?;
-        tx.orphans.table_mut()?.insert(ino, now.secs)?;
+        tx.set_orphan(ino, now.secs)?;
         return Ok(Unlinked { ino, nlink: 0, purge: None });
     }
     let purge = purge_inode(tx, ino, &rec)?;

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use redb::ReadableTable;
 use stria_proto::fs::{Ino, NAME_BYTES_MAX, ROOT_INO};
 
 use crate::Meta;

@@ -103,37 +103,125 @@ pub(crate) fn load_usage<T: ReadableTable<(u8, u64), (u64, u64)>>(
         .unwrap_or_default())
 }
 
-/// Read-only view of one snapshot. Tables open on first use: a lookup touches two of the
-/// eight, and opening a table costs about as much as reading a record from it.
-pub(crate) struct Rx {
-    txn: ReadTransaction,
-    inodes: OnceCell<redb::ReadOnlyTable<u64, &'static [u8]>>,
-    dentries: OnceCell<redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>>,
-    dir_seq: OnceCell<redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>>,
-    xattrs: OnceCell<redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>>,
-    usage: OnceCell<redb::ReadOnlyTable<(u8, u64), (u64, u64)>>,
-    usage_ext: OnceCell<redb::ReadOnlyTable<&'static str, (u64, u64)>>,
-    orphans: OnceCell<redb::ReadOnlyTable<u64, i64>>,
-    system: OnceCell<redb::ReadOnlyTable<&'static str, u64>>,
+/// What an [`Rx`] reads: a snapshot of the last commit, or the open batch of
+/// [`crate::Meta`] (mutations applied but not committed yet, which readers must see).
+enum Source<'a> {
+    Snapshot(ReadTransaction),
+    Batch(&'a WriteTransaction),
 }
 
-/// The table in `cell`, opened from `txn` on first use.
-fn opened<'c, K: redb::Key + 'static, V: redb::Value + 'static>(
-    cell: &'c OnceCell<redb::ReadOnlyTable<K, V>>,
-    txn: &ReadTransaction,
+/// A table as [`Rx`] reads it: of a snapshot, or of the open batch's transaction.
+pub(crate) enum View<'a, K: redb::Key + 'static, V: redb::Value + 'static> {
+    Snapshot(redb::ReadOnlyTable<K, V>),
+    Batch(Table<'a, K, V>),
+}
+
+impl<K: redb::Key + 'static, V: redb::Value + 'static> redb::ReadableTableMetadata
+    for View<'_, K, V>
+{
+    fn stats(&self) -> redb::Result<redb::TableStats> {
+        match self {
+            View::Snapshot(table) => table.stats(),
+            View::Batch(table) => table.stats(),
+        }
+    }
+
+    fn len(&self) -> redb::Result<u64> {
+        match self {
+            View::Snapshot(table) => table.len(),
+            View::Batch(table) => table.len(),
+        }
+    }
+}
+
+impl<K: redb::Key + 'static, V: redb::Value + 'static> ReadableTable<K, V> for View<'_, K, V> {
+    fn get<'a>(
+        &self,
+        key: impl std::borrow::Borrow<K::SelfType<'a>>,
+    ) -> redb::Result<Option<redb::AccessGuard<'_, V>>> {
+        match self {
+            View::Snapshot(table) => table.get(key),
+            View::Batch(table) => table.get(key),
+        }
+    }
+
+    fn range<'a, KR>(
+        &self,
+        range: impl std::ops::RangeBounds<KR> + 'a,
+    ) -> redb::Result<redb::Range<'_, K, V>>
+    where
+        KR: std::borrow::Borrow<K::SelfType<'a>> + 'a,
+    {
+        match self {
+            View::Snapshot(table) => table.range(range),
+            View::Batch(table) => table.range(range),
+        }
+    }
+
+    fn first(&self) -> redb::Result<Option<(redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)>> {
+        match self {
+            View::Snapshot(table) => table.first(),
+            View::Batch(table) => table.first(),
+        }
+    }
+
+    fn last(&self) -> redb::Result<Option<(redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)>> {
+        match self {
+            View::Snapshot(table) => table.last(),
+            View::Batch(table) => table.last(),
+        }
+    }
+}
+
+type DentriesView<'a> = View<'a, (u64, &'static [u8]), (u64, u64, u8)>;
+type DirSeqView<'a> = View<'a, (u64, u64), (u64, u8, &'static [u8])>;
+type XattrsView<'a> = View<'a, (u64, &'static [u8]), &'static [u8]>;
+
+/// Read-only view of the namespace: a snapshot, or the open batch. Tables open on first
+/// use: a lookup touches two of the eight, and opening a table costs about as much as
+/// reading a record from it.
+pub(crate) struct Rx<'a> {
+    source: Source<'a>,
+    inodes: OnceCell<View<'a, u64, &'static [u8]>>,
+    dentries: OnceCell<DentriesView<'a>>,
+    dir_seq: OnceCell<DirSeqView<'a>>,
+    xattrs: OnceCell<XattrsView<'a>>,
+    usage: OnceCell<View<'a, (u8, u64), (u64, u64)>>,
+    usage_ext: OnceCell<View<'a, &'static str, (u64, u64)>>,
+    orphans: OnceCell<View<'a, u64, i64>>,
+    system: OnceCell<View<'a, &'static str, u64>>,
+}
+
+/// The table in `cell`, opened from `source` on first use.
+fn opened<'c, 'a, K: redb::Key + 'static, V: redb::Value + 'static>(
+    cell: &'c OnceCell<View<'a, K, V>>,
+    source: &Source<'a>,
     def: TableDefinition<K, V>,
-) -> Result<&'c redb::ReadOnlyTable<K, V>> {
+) -> Result<&'c View<'a, K, V>> {
     if let Some(table) = cell.get() {
         return Ok(table);
     }
-    let table = txn.open_table(def)?;
+    let table = match source {
+        Source::Snapshot(txn) => View::Snapshot(txn.open_table(def)?),
+        Source::Batch(txn) => View::Batch(txn.open_table(def)?),
+    };
     Ok(cell.get_or_init(|| table))
 }
 
-impl Rx {
-    pub fn open(txn: ReadTransaction) -> Rx {
+impl<'a> Rx<'a> {
+    /// Reads the snapshot `txn`.
+    pub fn open(txn: ReadTransaction) -> Rx<'static> {
+        Rx::with_source(Source::Snapshot(txn))
+    }
+
+    /// Reads through the open batch's transaction `txn` (which nothing writes meanwhile).
+    pub fn of_batch(txn: &'a WriteTransaction) -> Rx<'a> {
+        Rx::with_source(Source::Batch(txn))
+    }
+
+    fn with_source(source: Source<'a>) -> Rx<'a> {
         Rx {
-            txn,
+            source,
             inodes: OnceCell::new(),
             dentries: OnceCell::new(),
             dir_seq: OnceCell::new(),
@@ -145,32 +233,32 @@ impl Rx {
         }
     }
 
-    pub fn inodes(&self) -> Result<&redb::ReadOnlyTable<u64, &'static [u8]>> {
-        opened(&self.inodes, &self.txn, INODES)
+    pub fn inodes(&self) -> Result<&View<'a, u64, &'static [u8]>> {
+        opened(&self.inodes, &self.source, INODES)
     }
 
-    pub fn dentries(&self) -> Result<&redb::ReadOnlyTable<(u64, &'static [u8]), (u64, u64, u8)>> {
-        opened(&self.dentries, &self.txn, DENTRIES)
+    pub fn dentries(&self) -> Result<&DentriesView<'a>> {
+        opened(&self.dentries, &self.source, DENTRIES)
     }
 
-    pub fn dir_seq(&self) -> Result<&redb::ReadOnlyTable<(u64, u64), (u64, u8, &'static [u8])>> {
-        opened(&self.dir_seq, &self.txn, DIR_SEQ)
+    pub fn dir_seq(&self) -> Result<&DirSeqView<'a>> {
+        opened(&self.dir_seq, &self.source, DIR_SEQ)
     }
 
-    pub fn xattrs(&self) -> Result<&redb::ReadOnlyTable<(u64, &'static [u8]), &'static [u8]>> {
-        opened(&self.xattrs, &self.txn, XATTRS)
+    pub fn xattrs(&self) -> Result<&XattrsView<'a>> {
+        opened(&self.xattrs, &self.source, XATTRS)
     }
 
-    pub fn usage(&self) -> Result<&redb::ReadOnlyTable<(u8, u64), (u64, u64)>> {
-        opened(&self.usage, &self.txn, USAGE)
+    pub fn usage(&self) -> Result<&View<'a, (u8, u64), (u64, u64)>> {
+        opened(&self.usage, &self.source, USAGE)
     }
 
-    pub fn usage_ext(&self) -> Result<&redb::ReadOnlyTable<&'static str, (u64, u64)>> {
-        opened(&self.usage_ext, &self.txn, USAGE_EXT)
+    pub fn usage_ext(&self) -> Result<&View<'a, &'static str, (u64, u64)>> {
+        opened(&self.usage_ext, &self.source, USAGE_EXT)
     }
 
-    pub fn orphans(&self) -> Result<&redb::ReadOnlyTable<u64, i64>> {
-        opened(&self.orphans, &self.txn, ORPHANS)
+    pub fn orphans(&self) -> Result<&View<'a, u64, i64>> {
+        opened(&self.orphans, &self.source, ORPHANS)
     }
 
     pub fn inode(&self, ino: Ino) -> Result<Inode> {
@@ -181,9 +269,12 @@ impl Rx {
         load_dentry(self.dentries()?, dir, name)
     }
 
+    pub fn system_table(&self) -> Result<&View<'a, &'static str, u64>> {
+        opened(&self.system, &self.source, SYSTEM)
+    }
+
     pub fn system(&self, key: &str) -> Result<u64> {
-        let system = opened(&self.system, &self.txn, SYSTEM)?;
-        Ok(system.get(key)?.map(|g| g.value()).unwrap_or(0))
+        Ok(self.system_table()?.get(key)?.map(|g| g.value()).unwrap_or(0))
     }
 }
 
@@ -288,7 +379,8 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
         Ok(self.table.get_or_init(|| table))
     }
 
-    pub fn table_mut(&mut self) -> Result<&mut Table<'t, K, V>> {
+    /// For [`Tx`]'s own writers only: every change goes through one that records its undo.
+    fn table_mut(&mut self) -> Result<&mut Table<'t, K, V>> {
         self.table()?;
         Ok(self.table.get_mut().expect("opened above"))
     }
@@ -311,6 +403,34 @@ pub(crate) struct Tx<'t> {
     /// Set when the transaction must be durable before its effects are used, whatever the
     /// commit mode (it reserved inode numbers).
     pub durable: bool,
+    /// How to take back every change of this operation, in the order made (see
+    /// [`Tx::roll_back`]).
+    undo: Vec<Undo>,
+}
+
+/// One change of a [`Tx`], as the value its key held before (`None`: absent).
+enum Undo {
+    Inode(u64, Option<Vec<u8>>),
+    Dentry((u64, Vec<u8>), Option<(u64, u64, u8)>),
+    DirSeq((u64, u64), Option<(u64, u8, Vec<u8>)>),
+    Xattr((u64, Vec<u8>), Option<Vec<u8>>),
+    Usage((u8, u64), Option<(u64, u64)>),
+    UsageExt(String, Option<(u64, u64)>),
+    Orphan(u64, Option<i64>),
+    System(String, Option<u64>),
+}
+
+/// Puts `old` back under `key` of `table`, or removes the key when it was absent.
+fn restore<'k, 'v, K: redb::Key + 'static, V: redb::Value + 'static>(
+    table: &mut Table<'_, K, V>,
+    key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    old: Option<impl std::borrow::Borrow<V::SelfType<'v>>>,
+) -> Result<()> {
+    match old {
+        Some(value) => table.insert(key, value).map(drop)?,
+        None => table.remove(key).map(drop)?,
+    }
+    Ok(())
 }
 
 impl<'t> Tx<'t> {
@@ -327,6 +447,7 @@ impl<'t> Tx<'t> {
             deltas: Deltas::default(),
             unchanged: false,
             durable: false,
+            undo: Vec::new(),
         })
     }
 
@@ -357,7 +478,8 @@ impl<'t> Tx<'t> {
     }
 
     pub fn put_inode(&mut self, ino: Ino, rec: &Inode) -> Result<()> {
-        self.inodes.table_mut()?.insert(ino, rec.encode()?.as_slice())?;
+        let old = self.inodes.table_mut()?.insert(ino, rec.encode()?.as_slice())?;
+        self.undo.push(Undo::Inode(ino, old.map(|g| g.value().to_vec())));
         Ok(())
     }
 
@@ -378,8 +500,14 @@ impl<'t> Tx<'t> {
             dir_rec.dir_body().ok_or_else(|| fs(FsStatus::NotDir, "parent is not a directory"))?;
         let seq = body.next_seq;
         body.next_seq += 1;
-        self.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
-        self.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
+        let old = self.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
+        self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
+        let old = self.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
+        let old = old.map(|g| {
+            let (ino, code, name) = g.value();
+            (ino, code, name.to_vec())
+        });
+        self.undo.push(Undo::DirSeq((dir, seq), old));
         Ok(())
     }
 
@@ -387,8 +515,14 @@ impl<'t> Tx<'t> {
         let Some(dentry) = self.dentry(dir, name)? else {
             return Ok(None);
         };
-        self.dentries.table_mut()?.remove((dir, name))?;
-        self.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
+        let old = self.dentries.table_mut()?.remove((dir, name))?;
+        self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
+        let old = self.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
+        let old = old.map(|g| {
+            let (ino, code, name) = g.value();
+            (ino, code, name.to_vec())
+        });
+        self.undo.push(Undo::DirSeq((dir, dentry.seq), old));
         Ok(Some(dentry))
     }
 
@@ -423,18 +557,19 @@ impl<'t> Tx<'t> {
         if ino >= self.system(KEY_INO_RESERVED)? {
             // A crash may undo this create but not the chunks written under its number, so
             // a number is never handed out twice: reserve a batch, durably.
-            self.system.table_mut()?.insert(KEY_INO_RESERVED, ino + INO_RESERVE_BATCH)?;
+            self.set_system(KEY_INO_RESERVED, ino + INO_RESERVE_BATCH)?;
             self.durable = true;
         }
-        self.system.table_mut()?.insert(KEY_NEXT_INO, ino + 1)?;
-        self.system.table_mut()?.insert(KEY_INODES_USED, used + 1)?;
+        self.set_system(KEY_NEXT_INO, ino + 1)?;
+        self.set_system(KEY_INODES_USED, used + 1)?;
         Ok(ino)
     }
 
     /// Deletes an inode record, its xattrs and its orphan mark.
     pub fn free_inode(&mut self, ino: Ino) -> Result<()> {
-        self.inodes.table_mut()?.remove(ino)?;
-        self.orphans.table_mut()?.remove(ino)?;
+        let old = self.inodes.table_mut()?.remove(ino)?;
+        self.undo.push(Undo::Inode(ino, old.map(|g| g.value().to_vec())));
+        self.clear_orphan(ino)?;
         let names: Vec<Vec<u8>> = self
             .xattrs
             .table()?
@@ -442,10 +577,73 @@ impl<'t> Tx<'t> {
             .map(|item| item.map(|(k, _)| k.value().1.to_vec()))
             .collect::<Result<_, _>>()?;
         for name in names {
-            self.xattrs.table_mut()?.remove((ino, name.as_slice()))?;
+            self.remove_xattr(ino, &name)?;
         }
         let used = self.system(KEY_INODES_USED)?;
-        self.system.table_mut()?.insert(KEY_INODES_USED, used.saturating_sub(1))?;
+        self.set_system(KEY_INODES_USED, used.saturating_sub(1))
+    }
+
+    pub fn set_system(&mut self, key: &str, value: u64) -> Result<()> {
+        let old = self.system.table_mut()?.insert(key, value)?;
+        self.undo.push(Undo::System(key.to_string(), old.map(|g| g.value())));
+        Ok(())
+    }
+
+    pub fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
+        let old = self.xattrs.table_mut()?.insert((ino, name), value)?;
+        self.undo.push(Undo::Xattr((ino, name.to_vec()), old.map(|g| g.value().to_vec())));
+        Ok(())
+    }
+
+    /// Whether `ino` had the xattr `name`.
+    pub fn remove_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<bool> {
+        let Some(old) = self.xattrs.table_mut()?.remove((ino, name))? else {
+            return Ok(false);
+        };
+        self.undo.push(Undo::Xattr((ino, name.to_vec()), Some(old.value().to_vec())));
+        Ok(true)
+    }
+
+    /// Marks `ino` as an orphan (no name left, still open) since `secs`.
+    pub fn set_orphan(&mut self, ino: Ino, secs: i64) -> Result<()> {
+        let old = self.orphans.table_mut()?.insert(ino, secs)?;
+        self.undo.push(Undo::Orphan(ino, old.map(|g| g.value())));
+        Ok(())
+    }
+
+    fn clear_orphan(&mut self, ino: Ino) -> Result<()> {
+        if let Some(old) = self.orphans.table_mut()?.remove(ino)? {
+            self.undo.push(Undo::Orphan(ino, Some(old.value())));
+        }
+        Ok(())
+    }
+
+    /// Takes back every change this operation made, newest first, so a failed operation
+    /// leaves the batch it ran in as it found it. An error here leaves the transaction
+    /// half undone: the caller must abort it.
+    pub fn roll_back(&mut self) -> Result<()> {
+        while let Some(undo) = self.undo.pop() {
+            match undo {
+                Undo::Inode(ino, old) => restore(self.inodes.table_mut()?, ino, old.as_deref())?,
+                Undo::Dentry((dir, name), old) => {
+                    restore(self.dentries.table_mut()?, (dir, name.as_slice()), old)?
+                }
+                Undo::DirSeq(key, old) => {
+                    let old = old.as_ref().map(|(ino, code, name)| (*ino, *code, name.as_slice()));
+                    restore(self.dir_seq.table_mut()?, key, old)?
+                }
+                Undo::Xattr((ino, name), old) => {
+                    restore(self.xattrs.table_mut()?, (ino, name.as_slice()), old.as_deref())?
+                }
+                Undo::Usage(key, old) => restore(self.usage.table_mut()?, key, old)?,
+                Undo::UsageExt(ext, old) => {
+                    restore(self.usage_ext.table_mut()?, ext.as_str(), old)?
+                }
+                Undo::Orphan(ino, old) => restore(self.orphans.table_mut()?, ino, old)?,
+                Undo::System(key, old) => restore(self.system.table_mut()?, key.as_str(), old)?,
+            }
+        }
+        self.deltas = Deltas::default();
         Ok(())
     }
 
@@ -516,11 +714,12 @@ impl<'t> Tx<'t> {
             }
             let current = load_usage(self.usage.table()?, key.0, key.1)?;
             let next = apply((current.files, current.bytes), delta);
-            if next == (0, 0) {
-                self.usage.table_mut()?.remove(key)?;
+            let old = if next == (0, 0) {
+                self.usage.table_mut()?.remove(key)?
             } else {
-                self.usage.table_mut()?.insert(key, next)?;
-            }
+                self.usage.table_mut()?.insert(key, next)?
+            };
+            self.undo.push(Undo::Usage(key, old.map(|g| g.value())));
         }
         for (ext, delta) in deltas.ext {
             if delta == (0, 0) {
@@ -529,11 +728,12 @@ impl<'t> Tx<'t> {
             let current =
                 self.usage_ext.table()?.get(ext.as_str())?.map(|g| g.value()).unwrap_or((0, 0));
             let next = apply(current, delta);
-            if next == (0, 0) {
-                self.usage_ext.table_mut()?.remove(ext.as_str())?;
+            let old = if next == (0, 0) {
+                self.usage_ext.table_mut()?.remove(ext.as_str())?
             } else {
-                self.usage_ext.table_mut()?.insert(ext.as_str(), next)?;
-            }
+                self.usage_ext.table_mut()?.insert(ext.as_str(), next)?
+            };
+            self.undo.push(Undo::UsageExt(ext.clone(), old.map(|g| g.value())));
         }
         Ok(())
     }

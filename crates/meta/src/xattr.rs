@@ -68,7 +68,7 @@ impl Meta {
                 }
                 _ => {}
             }
-            tx.xattrs.table_mut()?.insert((ino, name), value)?;
+            tx.put_xattr(ino, name, value)?;
             rec.ctime = self.now();
             tx.put_inode(ino, &rec)
         })
@@ -95,7 +95,7 @@ impl Meta {
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             check_access(&rec, name, caller, W_OK)?;
-            if tx.xattrs.table_mut()?.remove((ino, name))?.is_none() {
+            if !tx.remove_xattr(ino, name)? {
                 return Err(fs(FsStatus::NoData, "no such xattr"));
             }
             rec.ctime = self.now();
