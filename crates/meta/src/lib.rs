@@ -239,14 +239,7 @@ impl Meta {
 
     /// Makes every committed mutation durable (for [`Commit::Lazy`]).
     pub fn sync(&self) -> Result<()> {
-        let mut batch = self.lock_batch();
-        if batch.txn.is_some() {
-            return self.commit_batch(&mut batch, Commit::Durable);
-        }
-        let txn = self.db.begin_write()?;
-        self.commit(txn, Deltas::default(), Commit::Durable)?;
-        batch.since_durable = 0;
-        Ok(())
+        self.commit_batch(&mut self.lock_batch(), Commit::Durable)
     }
 
     pub(crate) fn now(&self) -> Timestamp {
@@ -315,24 +308,36 @@ impl Meta {
 
     /// Commits the open batch, if any: durably (`Commit::Durable`) or not.
     fn commit_batch(&self, batch: &mut Batch, commit: Commit) -> Result<()> {
-        let Some(txn) = batch.txn.take() else {
-            return Ok(());
-        };
-        let deltas = std::mem::take(&mut batch.deltas);
-        let ops = std::mem::take(&mut batch.ops);
-        batch.began = None;
-        let committed = self.commit(txn, deltas, commit);
-        // Cleared after the commit: a reader that finds no open batch reads a snapshot that
-        // has everything the batch held.
-        self.batch_open.store(false, Ordering::Release);
-        match &committed {
-            Ok(()) if commit == Commit::Durable => batch.since_durable = 0,
-            Ok(()) => {}
-            Err(error) => {
+        if let Some(txn) = batch.txn.take() {
+            let deltas = std::mem::take(&mut batch.deltas);
+            let ops = std::mem::take(&mut batch.ops);
+            batch.began = None;
+            // In lazy mode the batch is committed lazily even when the commit must be durable:
+            // the fsync below then runs with no batch open, so readers read snapshots in
+            // parallel instead of waiting for the disk under the batch lock.
+            let now = if self.options.commit == Commit::Durable { commit } else { Commit::Lazy };
+            let committed = self.commit(txn, deltas, now);
+            // Cleared after the commit: a reader that finds no open batch reads a snapshot
+            // that has everything the batch held.
+            self.batch_open.store(false, Ordering::Release);
+            if let Err(error) = &committed {
                 tracing::error!(%error, ops, "metadata commit failed: the mutations of its batch are lost, as in a crash");
             }
+            committed?;
+            if now == commit {
+                if commit == Commit::Durable {
+                    batch.since_durable = 0;
+                }
+                return Ok(());
+            }
         }
-        committed
+        if commit == Commit::Durable {
+            // An empty durable commit makes every lazy one before it durable too.
+            let txn = self.db.begin_write()?;
+            self.commit(txn, Deltas::default(), Commit::Durable)?;
+            batch.since_durable = 0;
+        }
+        Ok(())
     }
 
     /// Drops the open batch and every mutation in it.
