@@ -23,6 +23,7 @@ mod xattr;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -262,22 +263,32 @@ impl Meta {
         let alone = batch.ops == 0;
         let txn = batch.txn.as_ref().expect("begun above");
         let outcome = match Tx::open(txn) {
-            Ok(mut tx) => match f(&mut tx) {
-                Ok(out) => Ok((out, tx.durable, tx.unchanged, tx.take_deltas())),
-                Err(error) => Err((error, tx.roll_back())),
+            Ok(mut tx) => match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx))) {
+                Ok(Ok(out)) => Ok((out, tx.durable, tx.unchanged, tx.take_deltas())),
+                Ok(Err(error)) => Err((Failure::Error(error), tx.roll_back())),
+                // A bug, but the other mutations of the batch stay: this one is taken back as
+                // if it had failed, then the panic goes on.
+                Err(panic) => Err((Failure::Panic(panic), tx.roll_back())),
             },
-            Err(error) => Err((error, Ok(()))),
+            Err(error) => Err((Failure::Error(error), Ok(()))),
         };
         let (out, durable, unchanged, deltas) = match outcome {
             Ok(done) => done,
-            Err((error, rolled_back)) => {
+            Err((failure, rolled_back)) => {
                 if let Err(undo) = &rolled_back {
                     tracing::error!(%undo, ops = batch.ops, "a failed metadata mutation could not be taken back: its batch is dropped (the mutations in it are lost, as in a crash)");
                 }
                 if alone || rolled_back.is_err() {
                     self.abort_batch(&mut batch);
                 }
-                return Err(error);
+                match failure {
+                    Failure::Error(error) => return Err(error),
+                    Failure::Panic(panic) => {
+                        // Let go of the lock first: it is not poisoned, the batch is whole.
+                        drop(batch);
+                        std::panic::resume_unwind(panic);
+                    }
+                }
             }
         };
         if unchanged && deltas.is_empty() {
@@ -452,8 +463,16 @@ impl Meta {
         self.counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The writers' lock. Poisoned, it is a panic in the middle of a commit: the batch is
+    /// dropped rather than trusted (its mutations are lost, as in a crash).
     fn lock_batch(&self) -> MutexGuard<'_, Batch> {
-        self.batch.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.batch.lock().unwrap_or_else(|poisoned| {
+            self.batch.clear_poison();
+            let mut batch = poisoned.into_inner();
+            tracing::error!(ops = batch.ops, "a metadata commit panicked: its batch is dropped");
+            self.abort_batch(&mut batch);
+            batch
+        })
     }
 
     pub(crate) fn next_rotor(&self) -> u64 {
@@ -477,6 +496,12 @@ fn commit_counted(
     txn.commit()?;
     *pending = Deltas::default();
     Ok(())
+}
+
+/// How a mutation of [`Meta::write`] failed.
+enum Failure {
+    Error(MetaError),
+    Panic(Box<dyn std::any::Any + Send>),
 }
 
 impl Batch {
@@ -583,6 +608,30 @@ mod tests {
         assert_eq!(meta.usage_total().expect("usage").files, 2);
         assert!(meta.lookup(ROOT_INO, b"b", &root).is_ok());
         assert_eq!(meta.getxattr(a, b"user.k", &root).expect("xattr"), b"v1");
+    }
+
+    #[test]
+    fn a_mutation_that_panics_is_taken_back_and_the_batch_lives_on() {
+        let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
+        let meta = Meta::open_in_memory(options).expect("open");
+        let root = Caller::root();
+        let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
+        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
+        assert!(meta.lock_batch().ops > 0, "the create of b waits in the open batch");
+        let before = dump(&meta);
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _: Result<()> = meta.write(|tx| {
+                tx.put_xattr(a, b"user.half", b"done")?;
+                tx.remove_dentry(ROOT_INO, b"a")?;
+                panic!("a bug half way through a mutation");
+            });
+        }));
+        assert!(panicked.is_err());
+        assert!(!meta.batch.is_poisoned());
+        assert_eq!(dump(&meta), before);
+        meta.sync().expect("sync");
+        assert!(meta.lookup(ROOT_INO, b"a", &root).is_ok());
+        assert!(meta.lookup(ROOT_INO, b"b", &root).is_ok(), "the batch was kept");
     }
 
     #[test]
