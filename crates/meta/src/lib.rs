@@ -534,6 +534,12 @@ mod tests {
         assert_send_sync::<Meta>();
     }
 
+    /// A namespace in memory with lazy commits, so with batches.
+    fn lazy_meta() -> Meta {
+        let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
+        Meta::open_in_memory(options).expect("open")
+    }
+
     /// Every row of every table, as text, through [`Meta::read`] (the open batch or a
     /// snapshot).
     fn dump(meta: &Meta) -> Vec<String> {
@@ -566,8 +572,7 @@ mod tests {
 
     #[test]
     fn a_failed_mutation_takes_back_its_own_changes_and_keeps_the_rest_of_its_batch() {
-        let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
-        let meta = Meta::open_in_memory(options).expect("open");
+        let meta = lazy_meta();
         let root = Caller::root();
         let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
         meta.setxattr(a, b"user.k", b"v1", XattrFlags::Any, &root).expect("setxattr");
@@ -612,8 +617,7 @@ mod tests {
 
     #[test]
     fn a_mutation_that_panics_is_taken_back_and_the_batch_lives_on() {
-        let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
-        let meta = Meta::open_in_memory(options).expect("open");
+        let meta = lazy_meta();
         let root = Caller::root();
         let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
         meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
@@ -636,8 +640,7 @@ mod tests {
 
     #[test]
     fn readers_see_the_open_batch_and_snapshots_once_it_is_committed() {
-        let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
-        let meta = Meta::open_in_memory(options).expect("open");
+        let meta = lazy_meta();
         let root = Caller::root();
         // The first create reserves inode numbers, durably: a commit of its own.
         meta.create(ROOT_INO, b"first", 0o644, &root).expect("create");
