@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
-use stria_proto::fs::{Ino, LayoutPolicy, ROOT_INO, TargetId};
+use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, ROOT_INO, TargetId};
 
 pub use error::{MetaError, Result};
 pub use types::*;
@@ -240,7 +240,12 @@ impl Meta {
 
     /// Makes every committed mutation durable (for [`Commit::Lazy`]).
     pub fn sync(&self) -> Result<()> {
-        self.commit_batch(&mut self.lock_batch(), Commit::Durable)
+        let mut batch = self.lock_batch();
+        // In lazy mode the batch is committed lazily, then made durable by an empty durable
+        // commit: the fsync then runs with no batch open, so readers read snapshots instead of
+        // waiting for the disk under the batch lock. (Its mutations were visible already.)
+        self.seal(&mut batch, Commit::Lazy)?;
+        self.durable_commit(&mut batch)
     }
 
     pub(crate) fn now(&self) -> Timestamp {
@@ -258,12 +263,24 @@ impl Meta {
         if batch.txn.is_none() {
             batch.txn = Some(self.db.begin_write()?);
             batch.began = Some(Instant::now());
-            self.batch_open.store(true, Ordering::Release);
+            // Under Commit::Durable nothing is seen before its commit: readers keep reading
+            // snapshots, in parallel with the fsync.
+            if self.options.commit == Commit::Lazy {
+                self.batch_open.store(true, Ordering::Release);
+            }
         }
         let alone = batch.ops == 0;
         let txn = batch.txn.as_ref().expect("begun above");
         let outcome = match Tx::open(txn) {
             Ok(mut tx) => match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx))) {
+                // "Nothing changed" keeps nothing, as an aborted transaction did.
+                Ok(Ok(out)) if tx.unchanged && tx.deltas_are_empty() => match tx.roll_back() {
+                    Ok(()) => Ok((out, false, true, Deltas::default())),
+                    Err(undo) => {
+                        let error = error::fs(FsStatus::Io, "taking back a mutation failed");
+                        Err((Failure::Error(error), Err(undo)))
+                    }
+                },
                 Ok(Ok(out)) => Ok((out, tx.durable, tx.unchanged, tx.take_deltas())),
                 Ok(Err(error)) => Err((Failure::Error(error), tx.roll_back())),
                 // A bug, but the other mutations of the batch stay: this one is taken back as
@@ -301,53 +318,53 @@ impl Meta {
         batch.ops += 1;
         batch.since_durable += 1;
         batch.deltas.merge(deltas);
-        let commit = if durable
-            || self.options.commit == Commit::Durable
-            || batch.since_durable >= LAZY_COMMITS_PER_SYNC
-        {
-            Some(Commit::Durable)
+        if durable || self.options.commit == Commit::Durable {
+            // Durable before anyone sees it (an inode-number reservation must be): one durable
+            // commit of the batch, which readers wait for.
+            self.seal(&mut batch, Commit::Durable)?;
+        } else if batch.since_durable >= LAZY_COMMITS_PER_SYNC {
+            // Only to let redb free pages (see LAZY_COMMITS_PER_SYNC): as `sync` does it. A
+            // failed fsync is not this mutation's failure; the next mutation tries again.
+            self.seal(&mut batch, Commit::Lazy)?;
+            if let Err(error) = self.durable_commit(&mut batch) {
+                tracing::warn!(%error, "periodic durable metadata commit failed; retried at the next mutation");
+            }
         } else if batch.ops >= BATCH_OPS_MAX || batch.is_old() {
-            Some(Commit::Lazy)
-        } else {
-            None
-        };
-        if let Some(commit) = commit {
-            self.commit_batch(&mut batch, commit)?;
+            self.seal(&mut batch, Commit::Lazy)?;
         }
         Ok(out)
     }
 
-    /// Commits the open batch, if any: durably (`Commit::Durable`) or not.
-    fn commit_batch(&self, batch: &mut Batch, commit: Commit) -> Result<()> {
-        if let Some(txn) = batch.txn.take() {
-            let deltas = std::mem::take(&mut batch.deltas);
-            let ops = std::mem::take(&mut batch.ops);
-            batch.began = None;
-            // In lazy mode the batch is committed lazily even when the commit must be durable:
-            // the fsync below then runs with no batch open, so readers read snapshots in
-            // parallel instead of waiting for the disk under the batch lock.
-            let now = if self.options.commit == Commit::Durable { commit } else { Commit::Lazy };
-            let committed = self.commit(txn, deltas, now);
-            // Cleared after the commit: a reader that finds no open batch reads a snapshot
-            // that has everything the batch held.
-            self.batch_open.store(false, Ordering::Release);
-            if let Err(error) = &committed {
-                tracing::error!(%error, ops, "metadata commit failed: the mutations of its batch are lost, as in a crash");
-            }
-            committed?;
-            if now == commit {
-                if commit == Commit::Durable {
-                    batch.since_durable = 0;
-                }
-                return Ok(());
-            }
+    /// Commits the open batch, if any, in one commit: durably (`Commit::Durable`) or not. A
+    /// durable one is visible only once it is durable (redb), and readers wait for it under
+    /// the batch lock meanwhile.
+    fn seal(&self, batch: &mut Batch, commit: Commit) -> Result<()> {
+        let Some(txn) = batch.txn.take() else {
+            return Ok(());
+        };
+        let deltas = std::mem::take(&mut batch.deltas);
+        let ops = std::mem::take(&mut batch.ops);
+        batch.began = None;
+        let committed = self.commit(txn, deltas, commit);
+        // Cleared after the commit: a reader that finds no open batch reads a snapshot that
+        // has everything the batch held.
+        self.batch_open.store(false, Ordering::Release);
+        if let Err(error) = &committed {
+            tracing::error!(%error, ops, "metadata commit failed: the mutations of its batch are lost, as in a crash");
         }
+        committed?;
         if commit == Commit::Durable {
-            // An empty durable commit makes every lazy one before it durable too.
-            let txn = self.db.begin_write()?;
-            self.commit(txn, Deltas::default(), Commit::Durable)?;
             batch.since_durable = 0;
         }
+        Ok(())
+    }
+
+    /// An empty durable commit, which makes every lazy commit before it durable too. The
+    /// caller holds the batch lock and has no batch open.
+    fn durable_commit(&self, batch: &mut Batch) -> Result<()> {
+        let txn = self.db.begin_write()?;
+        self.commit(txn, Deltas::default(), Commit::Durable)?;
+        batch.since_durable = 0;
         Ok(())
     }
 
@@ -389,7 +406,7 @@ impl Meta {
     /// A write transaction of its own for the holder of the writers' lock `batch`: the open
     /// batch is committed first.
     fn exclusive_txn(&self, batch: &mut Batch) -> Result<WriteTransaction> {
-        self.commit_batch(batch, Commit::Lazy)?;
+        self.seal(batch, Commit::Lazy)?;
         Ok(self.db.begin_write()?)
     }
 
@@ -445,10 +462,13 @@ impl Meta {
         if self.batch_open.load(Ordering::Acquire) {
             let mut batch = self.lock_batch();
             if batch.txn.is_some() && batch.is_old() {
-                self.commit_batch(&mut batch, Commit::Lazy)?;
+                self.seal(&mut batch, Commit::Lazy)?;
             }
             if let Some(txn) = &batch.txn {
-                return f(&Rx::of_batch(txn));
+                // A panicking reader must not poison the lock: that would drop the batch.
+                let read = std::panic::catch_unwind(AssertUnwindSafe(|| f(&Rx::of_batch(txn))));
+                drop(batch);
+                return read.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             }
         }
         let rx = Rx::open(self.db.begin_read()?);
@@ -636,6 +656,40 @@ mod tests {
         meta.sync().expect("sync");
         assert!(meta.lookup(ROOT_INO, b"a", &root).is_ok());
         assert!(meta.lookup(ROOT_INO, b"b", &root).is_ok(), "the batch was kept");
+    }
+
+    #[test]
+    fn a_reader_that_panics_leaves_the_batch_alone() {
+        let meta = lazy_meta();
+        let root = Caller::root();
+        meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a");
+        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
+        assert!(meta.lock_batch().ops > 0, "the create of b waits in the open batch");
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _: Result<()> = meta.read(|_| panic!("a bug in a reader"));
+        }));
+        assert!(panicked.is_err());
+        assert!(!meta.batch.is_poisoned());
+        assert!(meta.lock_batch().ops > 0, "the batch is still open");
+        meta.sync().expect("sync");
+        assert!(meta.lookup(ROOT_INO, b"b", &root).is_ok());
+    }
+
+    #[test]
+    fn a_mutation_that_changed_nothing_keeps_nothing() {
+        let meta = lazy_meta();
+        let root = Caller::root();
+        let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
+        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
+        let before = dump(&meta);
+        meta.write(|tx| {
+            tx.put_xattr(a, b"user.x", b"written, then declared unchanged")?;
+            tx.unchanged = true;
+            Ok(())
+        })
+        .expect("write");
+        assert_eq!(dump(&meta), before);
+        assert!(meta.lock_batch().ops > 0, "the batch is still open");
     }
 
     #[test]

@@ -701,6 +701,10 @@ impl<'t> Tx<'t> {
         Ok(found)
     }
 
+    pub fn deltas_are_empty(&self) -> bool {
+        self.deltas.is_empty()
+    }
+
     /// The counter changes this transaction made so far, taken out of it.
     pub fn take_deltas(&mut self) -> Deltas {
         std::mem::take(&mut self.deltas)
