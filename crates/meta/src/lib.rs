@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
-use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, ROOT_INO, TargetId};
+use stria_proto::fs::{Ino, LayoutPolicy, ROOT_INO, TargetId};
 
 pub use error::{MetaError, Result};
 pub use types::*;
@@ -271,49 +271,39 @@ impl Meta {
         }
         let alone = batch.ops == 0;
         let txn = batch.txn.as_ref().expect("begun above");
-        let outcome = match Tx::open(txn) {
-            Ok(mut tx) => match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx))) {
-                // "Nothing changed" keeps nothing, as an aborted transaction did.
-                Ok(Ok(out)) if tx.unchanged && tx.deltas_are_empty() => match tx.roll_back() {
-                    Ok(()) => Ok((out, false, true, Deltas::default())),
-                    Err(undo) => {
-                        let error = error::fs(FsStatus::Io, "taking back a mutation failed");
-                        Err((Failure::Error(error), Err(undo)))
-                    }
-                },
-                Ok(Ok(out)) => Ok((out, tx.durable, tx.unchanged, tx.take_deltas())),
-                Ok(Err(error)) => Err((Failure::Error(error), tx.roll_back())),
-                // A bug, but the other mutations of the batch stay: this one is taken back as
-                // if it had failed, then the panic goes on.
-                Err(panic) => Err((Failure::Panic(panic), tx.roll_back())),
-            },
-            Err(error) => Err((Failure::Error(error), Ok(()))),
-        };
-        let (out, durable, unchanged, deltas) = match outcome {
-            Ok(done) => done,
-            Err((failure, rolled_back)) => {
-                if let Err(undo) = &rolled_back {
-                    tracing::error!(%undo, ops = batch.ops, "a failed metadata mutation could not be taken back: its batch is dropped (the mutations in it are lost, as in a crash)");
-                }
-                if alone || rolled_back.is_err() {
-                    self.abort_batch(&mut batch);
-                }
-                match failure {
-                    Failure::Error(error) => return Err(error),
-                    Failure::Panic(panic) => {
-                        // Let go of the lock first: it is not poisoned, the batch is whole.
-                        drop(batch);
-                        std::panic::resume_unwind(panic);
-                    }
-                }
+        let (result, kept, durable, deltas, rolled_back) = match Tx::open(txn) {
+            Ok(mut tx) => {
+                // A panic is a bug, but the other mutations of the batch stay: this one is
+                // taken back as if it had failed, then the panic goes on.
+                let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
+                let deltas = tx.take_deltas();
+                // "Nothing changed" keeps nothing either, as an aborted transaction did.
+                let kept = matches!(result, Ok(Ok(_))) && !(tx.unchanged && deltas.is_empty());
+                let rolled_back = if kept { Ok(()) } else { tx.roll_back() };
+                (result, kept, tx.durable, deltas, rolled_back)
             }
+            Err(error) => (Ok(Err(error)), false, false, Deltas::default(), Ok(())),
         };
-        if unchanged && deltas.is_empty() {
-            // Nothing to commit; a batch holding nothing else is let go (it cost no commit).
-            if alone {
+        if !kept {
+            if let Err(undo) = &rolled_back {
+                tracing::error!(%undo, ops = batch.ops, "a metadata mutation could not be taken back: its batch is dropped (the mutations in it are lost, as in a crash)");
+            }
+            // A batch holding nothing else is let go (it cost no commit).
+            if alone || rolled_back.is_err() {
                 self.abort_batch(&mut batch);
             }
-            return Ok(out);
+        }
+        let out = match result {
+            Ok(Ok(out)) => out,
+            Ok(Err(error)) => return Err(error),
+            Err(panic) => {
+                // Let go of the lock first: it is not poisoned, the batch is whole.
+                drop(batch);
+                std::panic::resume_unwind(panic);
+            }
+        };
+        if !kept {
+            return rolled_back.map(|()| out);
         }
         batch.ops += 1;
         batch.since_durable += 1;
@@ -518,12 +508,6 @@ fn commit_counted(
     Ok(())
 }
 
-/// How a mutation of [`Meta::write`] failed.
-enum Failure {
-    Error(MetaError),
-    Panic(Box<dyn std::any::Any + Send>),
-}
-
 impl Batch {
     fn is_old(&self) -> bool {
         self.began.is_some_and(|began| began.elapsed() >= BATCH_AGE_MAX)
@@ -558,6 +542,17 @@ mod tests {
     fn lazy_meta() -> Meta {
         let options = MetaOptions { commit: Commit::Lazy, ..MetaOptions::default() };
         Meta::open_in_memory(options).expect("open")
+    }
+
+    /// A lazy namespace with files `a` (committed: its create reserved inode numbers) and `b`
+    /// (its create waits in the open batch); returns `a`'s inode.
+    fn batch_with_two_creates() -> (Meta, Caller, Ino) {
+        let meta = lazy_meta();
+        let root = Caller::root();
+        let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
+        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
+        assert!(meta.lock_batch().ops > 0, "the create of b waits in the open batch");
+        (meta, root, a)
     }
 
     /// Every row of every table, as text, through [`Meta::read`] (the open batch or a
@@ -637,11 +632,7 @@ mod tests {
 
     #[test]
     fn a_mutation_that_panics_is_taken_back_and_the_batch_lives_on() {
-        let meta = lazy_meta();
-        let root = Caller::root();
-        let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
-        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
-        assert!(meta.lock_batch().ops > 0, "the create of b waits in the open batch");
+        let (meta, root, a) = batch_with_two_creates();
         let before = dump(&meta);
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let _: Result<()> = meta.write(|tx| {
@@ -660,11 +651,7 @@ mod tests {
 
     #[test]
     fn a_reader_that_panics_leaves_the_batch_alone() {
-        let meta = lazy_meta();
-        let root = Caller::root();
-        meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a");
-        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
-        assert!(meta.lock_batch().ops > 0, "the create of b waits in the open batch");
+        let (meta, root, _) = batch_with_two_creates();
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let _: Result<()> = meta.read(|_| panic!("a bug in a reader"));
         }));
@@ -677,10 +664,7 @@ mod tests {
 
     #[test]
     fn a_mutation_that_changed_nothing_keeps_nothing() {
-        let meta = lazy_meta();
-        let root = Caller::root();
-        let a = meta.create(ROOT_INO, b"a", 0o644, &root).expect("create a").ino;
-        meta.create(ROOT_INO, b"b", 0o644, &root).expect("create b");
+        let (meta, _, a) = batch_with_two_creates();
         let before = dump(&meta);
         meta.write(|tx| {
             tx.put_xattr(a, b"user.x", b"written, then declared unchanged")?;

@@ -420,6 +420,11 @@ enum Undo {
     System(String, Option<u64>),
 }
 
+/// A `dir_seq` value as the undo log keeps it.
+fn owned_dir_seq((ino, code, name): (u64, u8, &[u8])) -> (u64, u8, Vec<u8>) {
+    (ino, code, name.to_vec())
+}
+
 /// Puts `old` back under `key` of `table`, or removes the key when it was absent.
 fn restore<'k, 'v, K: redb::Key + 'static, V: redb::Value + 'static>(
     table: &mut Table<'_, K, V>,
@@ -503,10 +508,7 @@ impl<'t> Tx<'t> {
         let old = self.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
         self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
         let old = self.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
-        let old = old.map(|g| {
-            let (ino, code, name) = g.value();
-            (ino, code, name.to_vec())
-        });
+        let old = old.map(|g| owned_dir_seq(g.value()));
         self.undo.push(Undo::DirSeq((dir, seq), old));
         Ok(())
     }
@@ -518,10 +520,7 @@ impl<'t> Tx<'t> {
         let old = self.dentries.table_mut()?.remove((dir, name))?;
         self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
         let old = self.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
-        let old = old.map(|g| {
-            let (ino, code, name) = g.value();
-            (ino, code, name.to_vec())
-        });
+        let old = old.map(|g| owned_dir_seq(g.value()));
         self.undo.push(Undo::DirSeq((dir, dentry.seq), old));
         Ok(Some(dentry))
     }
@@ -699,10 +698,6 @@ impl<'t> Tx<'t> {
             self.flush_counters(fix)?;
         }
         Ok(found)
-    }
-
-    pub fn deltas_are_empty(&self) -> bool {
-        self.deltas.is_empty()
     }
 
     /// The counter changes this transaction made so far, taken out of it.
