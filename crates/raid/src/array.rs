@@ -523,7 +523,7 @@ impl Array {
         if self.check_alive().is_err() {
             return Ok(());
         }
-        self.flush()?;
+        self.flush_clearing_bitmap()?;
         self.write_superblocks(true)?;
         self.flush_devices()
     }

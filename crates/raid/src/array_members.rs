@@ -12,19 +12,36 @@ use crate::checksum::CrcTable;
 use crate::geometry::Level;
 use crate::superblock::{SUPERBLOCK_BYTES, SlotEntry, SlotState, Superblock};
 
+/// Which write-intent bits a flush of the optimal array clears.
+#[derive(Clone, Copy)]
+enum BitmapClear {
+    /// Those of regions not written since the flush before.
+    Idle,
+    /// All of them.
+    All,
+}
+
 impl Array {
     // ----------------------------------------------------------------------------------------
     // Flush and membership
     // ----------------------------------------------------------------------------------------
 
     /// Makes every write that returned before this call durable: checksum tables, then a flush
-    /// of every drive, then a journal checkpoint; clears the write-intent bitmap when optimal.
+    /// of every drive, then a journal checkpoint. When the array is optimal, the write-intent
+    /// bits of regions not written since the flush before are cleared (a region still being
+    /// written keeps its bit, so its next write costs no bitmap write).
     pub fn flush(&self) -> Result<(), RaidError> {
         let _barrier = self.inner.barrier.write().unwrap_or_else(|e| e.into_inner());
-        self.flush_locked()
+        self.flush_locked(BitmapClear::Idle)
     }
 
-    pub(crate) fn flush_locked(&self) -> Result<(), RaidError> {
+    /// As [`Array::flush`], clearing every write-intent bit when optimal (a clean stop).
+    pub(crate) fn flush_clearing_bitmap(&self) -> Result<(), RaidError> {
+        let _barrier = self.inner.barrier.write().unwrap_or_else(|e| e.into_inner());
+        self.flush_locked(BitmapClear::All)
+    }
+
+    fn flush_locked(&self, clear: BitmapClear) -> Result<(), RaidError> {
         self.persist_tables_and_flush()?;
         let journal_used = self.inner.rings.iter().any(|r| r.used() > 0);
         if journal_used {
@@ -39,9 +56,15 @@ impl Array {
         let members = self.members();
         let optimal = members.iter().all(|m| m.state == SlotState::Active);
         if optimal && self.inner.bitmap.any_set() {
-            let _guard = self.inner.bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.inner.bitmap.clear_all();
-            self.persist_bitmap()?;
+            let bitmap = &self.inner.bitmap;
+            let _guard = bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let cleared = match clear {
+                BitmapClear::Idle => bitmap.clear_idle(),
+                BitmapClear::All => bitmap.clear_all(),
+            };
+            if cleared {
+                self.persist_bitmap()?;
+            }
         }
         Ok(())
     }

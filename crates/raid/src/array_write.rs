@@ -443,7 +443,7 @@ impl Array {
         let g = self.inner.geometry;
         let bitmap = &self.inner.bitmap;
         let regions: Vec<u64> = stripes.map(|s| bitmap.region_of(g.drive_offset(s))).collect();
-        if regions.iter().all(|&r| bitmap.is_set(r)) {
+        if bitmap.touch(&regions) {
             return Ok(());
         }
         let _guard = bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,5 +1,7 @@
 //! The write-intent bitmap: one bit per region of the drives' data areas, set on every member
-//! before any write lands in that region and cleared once the array is flushed and optimal.
+//! before any write lands in that region and cleared by a flush of the optimal array that finds
+//! the region idle since the flush before (a busy region keeps its bit, so its next write pays
+//! no bitmap write).
 //!
 //! After an unclean stop only marked regions need their parity and checksums resynced; while the
 //! array is degraded bits are never cleared, so a drive that comes back after a short absence is
@@ -13,6 +15,8 @@ use stria_io::AlignedBuf;
 #[derive(Debug)]
 pub struct WriteIntent {
     words: Vec<AtomicU64>,
+    /// Regions marked since the last [`WriteIntent::clear_idle`]: their bits survive it.
+    recent: Vec<AtomicU64>,
     region_bytes: u64,
     regions: u64,
     /// Serialises updates of the on-disk copy.
@@ -25,6 +29,7 @@ impl WriteIntent {
         assert!(regions <= bytes * 8, "layout guarantees the bitmap covers the data area");
         WriteIntent {
             words: (0..(bytes / 8)).map(|_| AtomicU64::new(0)).collect(),
+            recent: (0..(bytes / 8)).map(|_| AtomicU64::new(0)).collect(),
             region_bytes,
             regions,
             persist_lock: Mutex::new(()),
@@ -59,20 +64,50 @@ impl WriteIntent {
         self.words[(region / 64) as usize].load(Relaxed) & (1 << (region % 64)) != 0
     }
 
-    /// Sets the bits of `regions`; returns true if any was newly set (the caller persists).
+    /// Notes `regions` as written since the last flush; returns whether all their bits are
+    /// set already (then nothing needs persisting).
+    pub fn touch(&self, regions: &[u64]) -> bool {
+        let mut all_set = true;
+        for &region in regions {
+            let (word, bit) = ((region / 64) as usize, 1u64 << (region % 64));
+            self.recent[word].fetch_or(bit, Relaxed);
+            all_set &= self.words[word].load(Relaxed) & bit != 0;
+        }
+        all_set
+    }
+
+    /// Sets the bits of `regions` and notes them as written; returns true if any bit was newly
+    /// set (the caller persists).
     pub fn set(&self, regions: impl IntoIterator<Item = u64>) -> bool {
         let mut changed = false;
         for region in regions {
-            let bit = 1u64 << (region % 64);
-            let old = self.words[(region / 64) as usize].fetch_or(bit, Relaxed);
+            let (word, bit) = ((region / 64) as usize, 1u64 << (region % 64));
+            self.recent[word].fetch_or(bit, Relaxed);
+            let old = self.words[word].fetch_or(bit, Relaxed);
             changed |= old & bit == 0;
         }
         changed
     }
 
+    /// Clears the bits of the regions not written since the last call, and starts noting
+    /// afresh; returns true if any bit was cleared (the caller persists). Only for a flushed
+    /// array with no write in flight: a kept bit is always safe, a cleared one is safe only
+    /// because every write to its region is durable.
+    pub fn clear_idle(&self) -> bool {
+        let mut changed = false;
+        for (word, recent) in self.words.iter().zip(&self.recent) {
+            let keep = recent.swap(0, Relaxed);
+            changed |= word.fetch_and(keep, Relaxed) & !keep != 0;
+        }
+        changed
+    }
+
+    /// Clears every bit, written lately or not (as [`WriteIntent::clear_idle`], for a flushed
+    /// array with no write in flight).
     pub fn clear_all(&self) -> bool {
         let mut changed = false;
-        for word in &self.words {
+        for (word, recent) in self.words.iter().zip(&self.recent) {
+            recent.store(0, Relaxed);
             changed |= word.swap(0, Relaxed) != 0;
         }
         changed
@@ -101,5 +136,37 @@ mod tests {
         assert_eq!(other.dirty_regions(), vec![0, 5, 99]);
         assert!(other.clear_all());
         assert!(!other.any_set());
+    }
+
+    #[test]
+    fn a_flush_clears_only_the_regions_idle_since_the_flush_before() {
+        let bm = WriteIntent::new(1 << 20, 100 << 20, 4096);
+        assert!(bm.set([1, 2, 70]));
+        // Written in this interval: kept.
+        assert!(!bm.clear_idle());
+        assert_eq!(bm.dirty_regions(), vec![1, 2, 70]);
+        // Region 2 is written again (its bit is set: nothing to persist), 1 and 70 stay idle.
+        assert!(bm.touch(&[2]));
+        assert!(!bm.touch(&[2, 3]), "region 3 has no bit yet");
+        assert!(bm.clear_idle());
+        assert_eq!(bm.dirty_regions(), vec![2]);
+        // Idle for a whole interval: cleared.
+        assert!(bm.clear_idle());
+        assert!(!bm.any_set());
+        assert!(!bm.clear_idle());
+        // A loaded bitmap's bits count as idle: the first flush clears them.
+        let loaded = WriteIntent::new(1 << 20, 100 << 20, 4096);
+        loaded.load(&bm.encode(4096));
+        bm.set([9]);
+        loaded.load(&bm.encode(4096));
+        assert_eq!(loaded.dirty_regions(), vec![9]);
+        assert!(loaded.clear_idle());
+        assert!(!loaded.any_set());
+        // clear_all forgets the marks too.
+        bm.set([4]);
+        assert!(bm.clear_all());
+        bm.set([5]);
+        assert!(!bm.clear_idle());
+        assert_eq!(bm.dirty_regions(), vec![5]);
     }
 }

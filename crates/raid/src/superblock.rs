@@ -107,6 +107,10 @@ pub struct Layout {
 pub const BITMAP_BYTES: u64 = 4096;
 const BITMAP_BITS: u64 = BITMAP_BYTES * 8;
 const DATA_ALIGN_BYTES: u64 = 1024 * 1024;
+/// The least data-area bytes one write-intent bit covers (md's default bitmap chunk). The first
+/// write into a clear region waits for a FUA bitmap write on every member, so small regions make
+/// a sequential writer pay that every few MiB; on large drives the 32768 bits set the size.
+pub const BITMAP_REGION_MIN_BYTES: u64 = 64 << 20;
 
 impl Layout {
     /// Lays out a drive of `capacity` bytes: superblock, bitmap, journal (parity levels), the
@@ -131,7 +135,7 @@ impl Layout {
                 return Some(Layout {
                     bitmap_offset,
                     bitmap_bytes: BITMAP_BYTES,
-                    bitmap_region_bytes: region.max(DATA_ALIGN_BYTES / unit * unit),
+                    bitmap_region_bytes: region.max(BITMAP_REGION_MIN_BYTES.div_ceil(unit) * unit),
                     journal_offset,
                     journal_bytes,
                     crc_offset,
@@ -451,6 +455,8 @@ mod tests {
             assert_eq!(l.data_offset % (1 << 20), 0);
             assert_eq!(l.data_bytes % 65536, 0);
             assert!(l.data_bytes.div_ceil(l.bitmap_region_bytes) <= BITMAP_BITS);
+            assert!(l.bitmap_region_bytes >= BITMAP_REGION_MIN_BYTES);
+            assert_eq!(l.bitmap_region_bytes % 65536, 0, "a bit covers whole stripes");
             assert!(l.is_consistent());
             // Metadata costs about 0.1% plus the fixed regions.
             assert!(l.data_bytes > capacity / 100 * 90 || capacity < 1 << 30);

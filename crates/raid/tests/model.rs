@@ -369,6 +369,40 @@ fn foreign_and_duplicate_drives_are_refused() {
     assert!(err.to_string().contains("same drive id"), "{err}");
 }
 
+/// The write-intent bit of region 0 as member `slot` holds it on disk.
+fn region_0_marked_on_disk(rig: &Rig, slot: usize) -> bool {
+    let bitmap = rig.faults[slot].read_at(rig.array().layout().bitmap_offset, 4096).unwrap();
+    bitmap[0] & 1 != 0
+}
+
+#[test]
+fn a_flush_keeps_the_bit_of_a_region_in_use_and_clears_it_once_idle() {
+    let rig = Rig::new(Level::Raid1, 2, 16 * 1024, 64 << 20);
+    assert!(!region_0_marked_on_disk(&rig, 0));
+    rig.array().write(0, &vec![1u8; 65536]).unwrap();
+    assert!(region_0_marked_on_disk(&rig, 0) && region_0_marked_on_disk(&rig, 1));
+    // Written since the flush before: the bit stays, so the next write needs no bitmap write.
+    rig.array().flush().unwrap();
+    assert!(region_0_marked_on_disk(&rig, 0));
+    let bitmap_writes = rig.faults[0].stats().snapshot().write_ops;
+    rig.array().write(65536, &vec![2u8; 16384]).unwrap();
+    assert_eq!(rig.faults[0].stats().snapshot().write_ops, bitmap_writes + 1, "data only");
+    rig.array().flush().unwrap();
+    assert!(region_0_marked_on_disk(&rig, 1));
+    // Idle for a whole interval: cleared on every member.
+    rig.array().flush().unwrap();
+    assert!(!region_0_marked_on_disk(&rig, 0) && !region_0_marked_on_disk(&rig, 1));
+    // A clean stop clears a bit written since the last flush too.
+    rig.array().write(0, &vec![3u8; 4096]).unwrap();
+    assert!(region_0_marked_on_disk(&rig, 0));
+    let bitmap_offset = rig.array().layout().bitmap_offset;
+    let Rig { faults, array, .. } = rig;
+    array.unwrap().close().unwrap();
+    for f in &faults {
+        assert!(f.read_at(bitmap_offset, 4096).unwrap().iter().all(|&b| b == 0));
+    }
+}
+
 #[test]
 fn hot_spare_takes_over_a_failed_drive() {
     let rig = Rig::new(Level::Raid5, 3, 16 * 1024, 24 << 20);
@@ -390,7 +424,8 @@ fn hot_spare_takes_over_a_failed_drive() {
 
 #[test]
 fn returning_drive_resyncs_only_written_regions() {
-    let rig = Rig::new(Level::Raid1, 2, 16 * 1024, 64 << 20);
+    // Eight write-intent regions of 64 MiB (untouched memory of the drives is never allocated).
+    let rig = Rig::new(Level::Raid1, 2, 16 * 1024, 512 << 20);
     rig.array().write(0, &vec![1u8; 1 << 20]).unwrap();
     rig.array().flush().unwrap();
     rig.array().fail_drive(1).unwrap();
