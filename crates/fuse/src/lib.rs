@@ -15,6 +15,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -72,9 +74,132 @@ impl Default for MountOptions {
 #[derive(Debug)]
 pub struct Mount {
     session: Option<fuser::BackgroundSession>,
+    requests: Arc<RequestCounts>,
+}
+
+/// The kernel requests a mount answers, named as in the FUSE protocol (lowercase).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mknod,
+    Mkdir,
+    Unlink,
+    Rmdir,
+    Symlink,
+    Rename,
+    Link,
+    Open,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Opendir,
+    Readdir,
+    Fsyncdir,
+    Statfs,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Access,
+    Create,
+}
+
+impl Op {
+    pub const ALL: [Op; 27] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Setattr,
+        Op::Readlink,
+        Op::Mknod,
+        Op::Mkdir,
+        Op::Unlink,
+        Op::Rmdir,
+        Op::Symlink,
+        Op::Rename,
+        Op::Link,
+        Op::Open,
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Release,
+        Op::Fsync,
+        Op::Opendir,
+        Op::Readdir,
+        Op::Fsyncdir,
+        Op::Statfs,
+        Op::Setxattr,
+        Op::Getxattr,
+        Op::Listxattr,
+        Op::Removexattr,
+        Op::Access,
+        Op::Create,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Setattr => "setattr",
+            Op::Readlink => "readlink",
+            Op::Mknod => "mknod",
+            Op::Mkdir => "mkdir",
+            Op::Unlink => "unlink",
+            Op::Rmdir => "rmdir",
+            Op::Symlink => "symlink",
+            Op::Rename => "rename",
+            Op::Link => "link",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Release => "release",
+            Op::Fsync => "fsync",
+            Op::Opendir => "opendir",
+            Op::Readdir => "readdir",
+            Op::Fsyncdir => "fsyncdir",
+            Op::Statfs => "statfs",
+            Op::Setxattr => "setxattr",
+            Op::Getxattr => "getxattr",
+            Op::Listxattr => "listxattr",
+            Op::Removexattr => "removexattr",
+            Op::Access => "access",
+            Op::Create => "create",
+        }
+    }
+}
+
+/// How many of each [`Op`] a mount has answered since it was mounted.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    counts: [AtomicU64; Op::ALL.len()],
+}
+
+impl RequestCounts {
+    fn count(&self, op: Op) {
+        self.counts[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every request answered at least once, with its count.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        Op::ALL
+            .iter()
+            .map(|&r| (r.name(), self.counts[r as usize].load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
 }
 
 impl Mount {
+    /// The mount's request counters (they outlive it).
+    pub fn requests(&self) -> Arc<RequestCounts> {
+        self.requests.clone()
+    }
+
     /// Unmounts and waits for the worker threads to finish.
     pub fn unmount(mut self) -> io::Result<()> {
         if let Some(session) = self.session.take() {
@@ -100,7 +225,9 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     }
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
+    let requests = Arc::new(RequestCounts::default());
     let fs = StriaFs {
+        requests: requests.clone(),
         client,
         ttl: options.attr_ttl,
         max_io_bytes: options.max_io_bytes,
@@ -108,10 +235,11 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         callers: Callers::new(options.root_squash),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
-    Ok(Mount { session: Some(session) })
+    Ok(Mount { session: Some(session), requests })
 }
 
 struct StriaFs {
+    requests: Arc<RequestCounts>,
     client: Client,
     ttl: Duration,
     max_io_bytes: u32,
@@ -170,6 +298,18 @@ impl StriaFs {
         })
     }
 
+    /// How the kernel is to treat a handle opened with `flags`. A handle that cannot write
+    /// has nothing of its own to flush, so its `close` sends no FLUSH request (as NFS skips
+    /// the flush of a file not open for writing); writes through other handles are flushed
+    /// at their own close, and the handle's RELEASE still follows its last close.
+    fn open_flags(flags: i32) -> FopenFlags {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+
     fn open_mask(flags: i32) -> u32 {
         let mut mask = match flags & libc::O_ACCMODE {
             libc::O_WRONLY => libc::W_OK,
@@ -211,11 +351,13 @@ impl Filesystem for StriaFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.requests.count(Op::Lookup);
         let caller = self.callers.of(req);
         self.reply_entry(reply, self.client.lookup(&caller, parent.0, name_bytes(name)));
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.requests.count(Op::Getattr);
         self.reply_attr(reply, self.client.getattr(ino.0));
     }
 
@@ -237,6 +379,7 @@ impl Filesystem for StriaFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.requests.count(Op::Setattr);
         let caller = self.callers.of(req);
         let mut set = SetAttr {
             mode,
@@ -263,6 +406,7 @@ impl Filesystem for StriaFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.requests.count(Op::Readlink);
         match self.client.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(errno(error)),
@@ -279,6 +423,7 @@ impl Filesystem for StriaFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Mknod);
         let caller = self.callers.of(req);
         let result = Self::kind_of_mode(mode).and_then(|kind| {
             self.client.create(&caller, parent.0, name_bytes(name), kind, mode & !umask, rdev, true)
@@ -295,6 +440,7 @@ impl Filesystem for StriaFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Mkdir);
         let caller = self.callers.of(req);
         self.reply_entry(
             reply,
@@ -303,11 +449,13 @@ impl Filesystem for StriaFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Op::Unlink);
         let caller = self.callers.of(req);
         reply_empty(reply, self.client.unlink(&caller, parent.0, name_bytes(name)));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Op::Rmdir);
         let caller = self.callers.of(req);
         reply_empty(reply, self.client.rmdir(&caller, parent.0, name_bytes(name)));
     }
@@ -320,6 +468,7 @@ impl Filesystem for StriaFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Symlink);
         let caller = self.callers.of(req);
         let target = target.as_os_str().as_bytes();
         self.reply_entry(
@@ -338,6 +487,7 @@ impl Filesystem for StriaFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Rename);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             reply.error(Errno::EINVAL);
             return;
@@ -366,17 +516,19 @@ impl Filesystem for StriaFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Link);
         let caller = self.callers.of(req);
         self.reply_entry(reply, self.client.link(&caller, ino.0, newparent.0, name_bytes(newname)));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Op::Open);
         let caller = self.callers.of(req);
         match self.client.open(&caller, ino.0, Self::open_mask(flags.0)) {
             // Keep the page cache: the kernel drops cached pages itself when refreshed
             // attributes show another size or mtime (not with the writeback cache, see
             // `MountOptions::writeback_cache`).
-            Ok((fh, _attr)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok((fh, _attr)) => reply.opened(FileHandle(fh), Self::open_flags(flags.0)),
             Err(error) => reply.error(errno(error)),
         }
     }
@@ -392,6 +544,7 @@ impl Filesystem for StriaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.requests.count(Op::Read);
         match self.client.read(fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(error) => reply.error(errno(error)),
@@ -410,6 +563,7 @@ impl Filesystem for StriaFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.requests.count(Op::Write);
         match self.client.write(fh.0, offset, data) {
             Ok(written) => reply.written(written),
             Err(error) => reply.error(errno(error)),
@@ -424,6 +578,7 @@ impl Filesystem for StriaFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Flush);
         reply_empty(reply, self.client.flush(fh.0));
     }
 
@@ -437,6 +592,7 @@ impl Filesystem for StriaFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Release);
         reply_empty(reply, self.client.release(fh.0));
     }
 
@@ -448,10 +604,12 @@ impl Filesystem for StriaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Fsync);
         reply_empty(reply, self.client.fsync(fh.0));
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Op::Opendir);
         let caller = self.callers.of(req);
         match self.client.access(&caller, ino.0, libc::R_OK as u32) {
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
@@ -467,6 +625,7 @@ impl Filesystem for StriaFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.requests.count(Op::Readdir);
         if offset == 0 && reply.add(ino, 1, fuser::FileType::Directory, ".") {
             return reply.ok();
         }
@@ -505,10 +664,12 @@ impl Filesystem for StriaFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Fsyncdir);
         reply_empty(reply, self.client.fsyncdir(ino.0));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.requests.count(Op::Statfs);
         const BLOCK: u64 = 4096;
         match self.client.statfs() {
             Ok(s) => reply.statfs(
@@ -535,6 +696,7 @@ impl Filesystem for StriaFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Setxattr);
         let mode = if flags & libc::XATTR_CREATE != 0 {
             XattrSetMode::Create
         } else if flags & libc::XATTR_REPLACE != 0 {
@@ -547,6 +709,7 @@ impl Filesystem for StriaFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.requests.count(Op::Getxattr);
         let caller = self.callers.of(req);
         match self.client.getxattr(&caller, ino.0, name_bytes(name)) {
             Ok(value) if size == 0 => reply.size(value.len() as u32),
@@ -557,6 +720,7 @@ impl Filesystem for StriaFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.requests.count(Op::Listxattr);
         let caller = self.callers.of(req);
         match self.client.listxattr(&caller, ino.0) {
             Ok(names) => {
@@ -578,11 +742,13 @@ impl Filesystem for StriaFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Op::Removexattr);
         let caller = self.callers.of(req);
         reply_empty(reply, self.client.removexattr(&caller, ino.0, name_bytes(name)));
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.requests.count(Op::Access);
         let caller = self.callers.of(req);
         reply_empty(reply, self.client.access(&caller, ino.0, mask.bits() as u32));
     }
@@ -597,6 +763,7 @@ impl Filesystem for StriaFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.requests.count(Op::Create);
         let caller = self.callers.of(req);
         let exclusive = flags & libc::O_EXCL != 0;
         if let Err(error) = Self::kind_of_mode(mode) {
@@ -625,9 +792,34 @@ impl Filesystem for StriaFs {
                 &file_attr(&attr),
                 GENERATION,
                 FileHandle(fh),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                Self::open_flags(flags),
             ),
             Err(error) => reply.error(errno(error)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_op_counts_in_its_own_slot_under_its_own_name() {
+        let counts = RequestCounts::default();
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "Op::ALL lists the ops in declaration order");
+            for _ in 0..=i {
+                counts.count(*op);
+            }
+        }
+        let snapshot = counts.snapshot();
+        assert_eq!(snapshot.len(), Op::ALL.len());
+        for (i, (name, n)) in snapshot.iter().enumerate() {
+            assert_eq!(*name, Op::ALL[i].name());
+            assert_eq!(*n, i as u64 + 1);
+        }
+        let names: std::collections::BTreeSet<_> = snapshot.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), Op::ALL.len(), "names are distinct");
+        assert!(RequestCounts::default().snapshot().is_empty(), "unseen ops are left out");
     }
 }

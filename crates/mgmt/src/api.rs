@@ -714,6 +714,7 @@ async fn get_metrics(State(state): State<ApiState>) -> Result<Response, ApiError
             started_unix_s: state.identity.started_unix_s,
             targets: state.view().targets(),
             metadata_ops: state.view().metadata_ops(),
+            mount_requests: state.view().mount_requests(),
             volumes,
             exports,
             statfs,

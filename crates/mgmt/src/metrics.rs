@@ -51,6 +51,8 @@ pub struct Scrape {
     pub statfs: Option<(u64, u64, u64, u64)>,
     /// Metadata requests served, by operation.
     pub metadata_ops: Vec<(String, u64)>,
+    /// FUSE requests the node's mount answered, by operation.
+    pub mount_requests: Vec<(String, u64)>,
     pub auth_failures: u64,
     pub auth_rate_limited: u64,
     pub events: u64,
@@ -446,6 +448,16 @@ fn families(s: &Scrape) -> Families {
         None,
     );
     for (op, count) in &s.metadata_ops {
+        sink.put(&vec![("op", op.clone())], *count as f64);
+    }
+
+    // The FUSE mount.
+    let mut sink = f.counter(
+        "stria_mount_requests",
+        "Kernel requests the node's FUSE mount answered since it was mounted, by operation.",
+        None,
+    );
+    for (op, count) in &s.mount_requests {
         sink.put(&vec![("op", op.clone())], *count as f64);
     }
 

@@ -284,6 +284,11 @@ pub trait NodeView: Send + Sync {
     fn metadata_ops(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// Kernel requests the node's FUSE mount answered since it was mounted, by operation name
+    /// (empty without a mount).
+    fn mount_requests(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Days until `rated` bytes are written, at the rate `session_written` bytes per

@@ -47,6 +47,7 @@ pub struct LocalView {
     scrubs: Mutex<HashMap<TargetId, ScrubJob>>,
     capacities: Mutex<HashMap<String, Option<u64>>>,
     metadata_ops: Arc<stria_meta::service::OpCounts>,
+    mount_requests: Option<Arc<stria_fuse::RequestCounts>>,
 }
 
 impl std::fmt::Debug for LocalView {
@@ -70,12 +71,10 @@ fn device_bytes(path: &str) -> Option<u64> {
 }
 
 impl LocalView {
-    pub fn new(
-        storage: StorageService,
-        metadata_ops: Arc<stria_meta::service::OpCounts>,
-    ) -> LocalView {
+    pub fn new(storage: StorageService, counters: RequestCounters) -> LocalView {
         LocalView {
-            metadata_ops,
+            metadata_ops: counters.metadata,
+            mount_requests: counters.mount,
             storage,
             started: Instant::now(),
             rebuild_limits: Mutex::new(HashMap::new()),
@@ -350,6 +349,11 @@ impl NodeView for LocalView {
         self.metadata_ops.snapshot().into_iter().map(|(op, n)| (op.to_string(), n)).collect()
     }
 
+    fn mount_requests(&self) -> Vec<(String, u64)> {
+        let Some(requests) = &self.mount_requests else { return Vec::new() };
+        requests.snapshot().into_iter().map(|(op, n)| (op.to_string(), n)).collect()
+    }
+
     fn stop_scrub(&self, target: TargetId) -> Result<(), MgmtError> {
         self.storage.targets().find(|t| t.id == target).ok_or_else(|| not_found(target))?;
         let thread = {
@@ -414,6 +418,13 @@ pub fn bind(listen: SocketAddr) -> Result<std::net::TcpListener> {
         .map_err(|e| crate::node::bind_error(listen, "REST API", "--api-listen", e))
 }
 
+/// The request counters of the node's roles that the REST API reports.
+pub struct RequestCounters {
+    pub metadata: Arc<stria_meta::service::OpCounts>,
+    /// None without a mount.
+    pub mount: Option<Arc<stria_fuse::RequestCounts>>,
+}
+
 /// Starts the REST API on `listener` (and its sampler).
 pub fn start(
     runtime: &tokio::runtime::Runtime,
@@ -421,7 +432,7 @@ pub fn start(
     data: &Path,
     mgmt: &Mgmt,
     storage: &StorageService,
-    metadata_ops: Arc<stria_meta::service::OpCounts>,
+    counters: RequestCounters,
     roles: RoleAddresses,
 ) -> Result<RestRole> {
     let mgmt_dir = data.join("mgmt");
@@ -445,7 +456,7 @@ pub fn start(
             mount: roles.mount.map(|m| m.display().to_string()),
         },
     };
-    let view = Arc::new(LocalView::new(storage.clone(), metadata_ops));
+    let view = Arc::new(LocalView::new(storage.clone(), counters));
     let new_token = created.then(|| token.as_str().to_string());
     let server = {
         let _entered = runtime.enter();

@@ -452,7 +452,10 @@ pub fn run(args: UpArgs) -> Result<()> {
                 &data,
                 &mgmt,
                 storage,
-                services.meta_ops.clone(),
+                crate::rest_role::RequestCounters {
+                    metadata: services.meta_ops.clone(),
+                    mount: mount.as_ref().map(stria_fuse::Mount::requests),
+                },
                 crate::rest_role::RoleAddresses {
                     mgmt: mgmt_addr,
                     meta: meta_addr,
