@@ -32,11 +32,7 @@ fn metric(api: &Api, name: &str) -> f64 {
 }
 
 fn metadata_ops(api: &Api, op: &str) -> u64 {
-    let text = api.call("GET", "/metrics", None).body;
-    let prefix = format!("stria_metadata_ops_total{{op=\"{op}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+    api.counter("stria_metadata_ops_total", "op", op)
 }
 
 #[test]

@@ -20,11 +20,7 @@ const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"]
 const FILES: u64 = 10;
 
 fn mount_requests(api: &Api, op: &str) -> u64 {
-    let text = api.call("GET", "/metrics", None).body;
-    let prefix = format!("stria_mount_requests_total{{op=\"{op}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+    api.counter("stria_mount_requests_total", "op", op)
 }
 
 /// Waits until `op` has been answered at least `least` times (the kernel sends RELEASE after

@@ -134,6 +134,16 @@ impl Api {
         self.ok("GET", path, None, 200)
     }
 
+    /// The value of one labelled counter at /metrics, e.g.
+    /// `counter("stria_metadata_ops_total", "op", "create")`; 0 when the series is absent.
+    pub fn counter(&self, name: &str, label: &str, value: &str) -> u64 {
+        let text = self.call("GET", "/metrics", None).body;
+        let prefix = format!("{name}{{{label}=\"{value}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map_or(0, |v| v.parse::<f64>().expect("a number") as u64)
+    }
+
     /// Waits up to `within` until `check` holds on a fresh GET of `path`; `what` names it in
     /// the failure.
     pub fn eventually(
