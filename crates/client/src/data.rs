@@ -71,6 +71,7 @@ pub(crate) async fn write(
     if bytes.is_empty() {
         return Ok(());
     }
+    file.note_write();
     let inode = &file.inode;
     let end = offset.checked_add(bytes.len() as u64).ok_or(FsStatus::TooBig)?;
     let layout = {

@@ -1,7 +1,7 @@
 //! Open files: handles, and the per-inode state their writes and reads share.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use stria_proto::fs::{FileLayout, FsStatus, Ino};
@@ -18,6 +18,22 @@ pub type FileHandleId = u64;
 pub(crate) struct OpenFile {
     pub ino: Ino,
     pub inode: Arc<InodeData>,
+    /// Whether the handle was opened for writing or a write came through it. A handle that
+    /// is neither has nothing of its own to flush: its flush and release leave the inode's
+    /// queued writes (and their errors) to the handles that made them. (With the kernel's
+    /// writeback cache, a WRITE may come through another writable handle than the one the
+    /// application wrote with; both are writable.)
+    writable: AtomicBool,
+}
+
+impl OpenFile {
+    pub fn note_write(&self) {
+        self.writable.store(true, Ordering::Relaxed);
+    }
+
+    pub fn writable(&self) -> bool {
+        self.writable.load(Ordering::Relaxed)
+    }
 }
 
 /// A chunk being (or already) fetched ahead of a sequential reader.
@@ -110,7 +126,7 @@ impl OpenFiles {
 
     /// Opens a handle; `inline` is the file's bytes when they live in its inode and came
     /// with the open.
-    pub fn open(&self, attr: &Attr, inline: Option<Vec<u8>>) -> FileHandleId {
+    pub fn open(&self, attr: &Attr, inline: Option<Vec<u8>>, writable: bool) -> FileHandleId {
         let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
         let inode = inodes
             .entry(attr.ino)
@@ -166,7 +182,7 @@ impl OpenFiles {
             }
         }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(OpenFile { ino: attr.ino, inode });
+        let file = Arc::new(OpenFile { ino: attr.ino, inode, writable: AtomicBool::new(writable) });
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, file);
         fh
     }

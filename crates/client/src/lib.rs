@@ -269,7 +269,7 @@ impl Client {
             // any other.
             MetaReply::Open { attr, inline, created } => {
                 let known = if attr.size == 0 { Some(Vec::new()) } else { inline };
-                let fh = self.inner.files.open(&attr, known);
+                let fh = self.inner.files.open(&attr, known, opens_for_writing(mask));
                 if created {
                     self.inner.files.no_xattrs(attr.ino);
                 }
@@ -406,7 +406,7 @@ impl Client {
                 MetaReply::Open { attr, inline, .. } => (attr, inline),
                 other => return Err(unexpected(&other)),
             };
-        let fh = self.inner.files.open(&attr, inline);
+        let fh = self.inner.files.open(&attr, inline, opens_for_writing(mask));
         Ok((fh, self.inner.files.overlay(attr, since)))
     }
 
@@ -422,9 +422,14 @@ impl Client {
         Ok(bytes.len() as u32)
     }
 
-    /// Waits for queued writes and publishes the size (close-to-open consistency).
+    /// Waits for queued writes and publishes the size (close-to-open consistency). A handle
+    /// opened without write access that never wrote flushes nothing: the writes of the file's
+    /// other handles, and their errors, are theirs to flush and report.
     pub fn flush(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;
+        if !file.writable() {
+            return Ok(());
+        }
         self.block(data::flush(&self.inner, &file, false))
     }
 
@@ -434,11 +439,15 @@ impl Client {
         self.block(data::flush(&self.inner, &file, true))
     }
 
-    /// Closes a handle: queued writes finish and the size is published; the last close of
-    /// an unlinked file removes its chunks.
+    /// Closes a handle: queued writes finish and the size is published (for a handle that can
+    /// write, as [`Client::flush`]); the last close of an unlinked file removes its chunks.
     pub fn release(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;
-        let flushed = self.block(data::flush(&self.inner, &file, false));
+        let flushed = if file.writable() {
+            self.block(data::flush(&self.inner, &file, false))
+        } else {
+            Ok(())
+        };
         self.inner.files.close(fh);
         let released = self.meta_at(MetaRequest::Release { ino: file.ino })?;
         self.release_inode(released)?;
@@ -605,6 +614,12 @@ impl Client {
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
     }
+}
+
+/// Whether an open with access `mask` (access(2) bits: 4 read, 2 write) may write.
+fn opens_for_writing(mask: u32) -> bool {
+    const W_OK: u32 = 2;
+    mask & W_OK != 0
 }
 
 fn unexpected(reply: &MetaReply) -> FsStatus {

@@ -293,7 +293,12 @@ fn faulty_raid5() -> (Vec<Arc<FaultDevice>>, Arc<Array>) {
         journal_bytes: None,
     };
     let array = Arc::new(
-        Array::create(devs, &config, &CreateOptions { skip_discard: true }).expect("array"),
+        Array::create(
+            devs,
+            &config,
+            &CreateOptions { skip_discard: true, ..CreateOptions::default() },
+        )
+        .expect("array"),
     );
     (faulty, array)
 }

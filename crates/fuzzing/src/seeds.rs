@@ -14,7 +14,7 @@ use stria_proto::wire::{ChunkRead, ChunkWrite, FileKind, MetaReply, MetaRequest,
 use stria_proto::{Slot, Uuid};
 use stria_raid::geometry::Level;
 use stria_raid::journal::{self, Entry};
-use stria_raid::superblock::{Layout, SlotEntry, SlotState, Superblock};
+use stria_raid::superblock::{BITMAP_REGION_MIN_BYTES, Layout, SlotEntry, SlotState, Superblock};
 use stria_rpc::frame::Frame;
 
 use crate::disk::{JOURNAL_ARRAY, JOURNAL_EPOCH};
@@ -253,7 +253,7 @@ fn rest_body() -> Vec<(String, Vec<u8>)> {
 }
 
 fn raid_superblock() -> Superblock {
-    let layout = Layout::compute(1 << 30, 65536, 8 << 20).expect("layout");
+    let layout = Layout::compute(1 << 30, 65536, 8 << 20, BITMAP_REGION_MIN_BYTES).expect("layout");
     let slot = |i: u8, state| SlotEntry {
         drive_uuid: Uuid([i; 16]),
         state,

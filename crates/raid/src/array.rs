@@ -21,7 +21,7 @@ use crate::checksum::CrcTable;
 use crate::geometry::{Geometry, Level};
 use crate::journal::Ring;
 use crate::rebuild::RebuildControl;
-use crate::superblock::{Layout, SlotState, Superblock};
+use crate::superblock::{BITMAP_REGION_MIN_BYTES, Layout, SlotState, Superblock};
 
 pub(crate) const BLOCK: u64 = BLOCK_BYTES as u64;
 /// Hashed stripe locks; a power of two well above any useful queue depth.
@@ -48,6 +48,10 @@ pub struct CreateOptions {
     /// Do not discard (nor check) the data area at creation: for devices known to read as
     /// zeros already (memory devices in tests, drive files created sparse just before).
     pub skip_discard: bool,
+    /// Least data-area bytes one write-intent bit covers; None: `BITMAP_REGION_MIN_BYTES`
+    /// (64 MiB). Smaller regions resync less after a crash or a drive's short absence, at the
+    /// cost of more bitmap writes; tests on small drives use them to exercise partial resync.
+    pub bitmap_region_bytes: Option<u64>,
 }
 
 /// Bytes of each drive read (and, where not zero, rewritten with zeros) per step when a new
@@ -242,7 +246,8 @@ impl Array {
         } else {
             0
         };
-        let layout = Layout::compute(capacity, unit, journal_bytes).ok_or_else(|| {
+        let region_min = options.bitmap_region_bytes.unwrap_or(BITMAP_REGION_MIN_BYTES);
+        let layout = Layout::compute(capacity, unit, journal_bytes, region_min).ok_or_else(|| {
             RaidError::InvalidConfig(format!(
                 "drives of {capacity} bytes are too small for this array; use drives of at least {} MiB",
                 (journal_bytes + (2 << 20) + 8 * unit) >> 20

@@ -156,7 +156,9 @@ mod tests {
 
     #[test]
     fn persisted_table_loads_back() {
-        let layout = Layout::compute(64 << 20, 65536, 0).unwrap();
+        let layout =
+            Layout::compute(64 << 20, 65536, 0, crate::superblock::BITMAP_REGION_MIN_BYTES)
+                .unwrap();
         let dev = MemDevice::new("m", 64 << 20);
         let blocks = layout.data_bytes / 4096;
         let table = CrcTable::zeroed(blocks);

@@ -114,8 +114,15 @@ pub const BITMAP_REGION_MIN_BYTES: u64 = 64 << 20;
 
 impl Layout {
     /// Lays out a drive of `capacity` bytes: superblock, bitmap, journal (parity levels), the
-    /// checksum table (4 bytes per 4 KiB data block) and the data area, aligned to 1 MiB.
-    pub fn compute(capacity: u64, unit: u64, journal_bytes: u64) -> Option<Layout> {
+    /// checksum table (4 bytes per 4 KiB data block) and the data area, aligned to 1 MiB. A
+    /// write-intent bit covers at least `region_min_bytes` of the data area (rounded up to whole
+    /// units), more where 32768 bits would not cover it.
+    pub fn compute(
+        capacity: u64,
+        unit: u64,
+        journal_bytes: u64,
+        region_min_bytes: u64,
+    ) -> Option<Layout> {
         let block = stria_proto::BLOCK_BYTES as u64;
         let bitmap_offset = SUPERBLOCK_BYTES as u64;
         let journal_offset = bitmap_offset + BITMAP_BYTES;
@@ -135,7 +142,7 @@ impl Layout {
                 return Some(Layout {
                     bitmap_offset,
                     bitmap_bytes: BITMAP_BYTES,
-                    bitmap_region_bytes: region.max(BITMAP_REGION_MIN_BYTES.div_ceil(unit) * unit),
+                    bitmap_region_bytes: region.max(region_min_bytes.div_ceil(unit) * unit),
                     journal_offset,
                     journal_bytes,
                     crc_offset,
@@ -376,7 +383,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Superblock {
-        let layout = Layout::compute(1 << 30, 65536, 8 << 20).unwrap();
+        let layout = Layout::compute(1 << 30, 65536, 8 << 20, BITMAP_REGION_MIN_BYTES).unwrap();
         Superblock {
             array_uuid: Uuid::random(),
             drive_uuid: Uuid::random(),
@@ -448,7 +455,7 @@ mod tests {
     #[test]
     fn layout_fits_the_drive_and_covers_every_data_block() {
         for capacity in [16u64 << 20, 1 << 30, 3_000_000_000_000] {
-            let l = Layout::compute(capacity, 65536, 4 << 20).unwrap();
+            let l = Layout::compute(capacity, 65536, 4 << 20, BITMAP_REGION_MIN_BYTES).unwrap();
             assert!(l.min_capacity() <= capacity);
             assert!(l.crc_bytes * 1024 >= l.data_bytes, "one u32 per 4 KiB block");
             assert!(l.crc_offset + l.crc_bytes <= l.data_offset);
@@ -461,6 +468,11 @@ mod tests {
             // Metadata costs about 0.1% plus the fixed regions.
             assert!(l.data_bytes > capacity / 100 * 90 || capacity < 1 << 30);
         }
-        assert!(Layout::compute(1 << 20, 65536, 0).is_none());
+        assert!(Layout::compute(1 << 20, 65536, 0, BITMAP_REGION_MIN_BYTES).is_none());
+        // A smaller minimum is taken as asked (whole units), a larger data area overrides it.
+        let small = Layout::compute(1 << 30, 65536, 0, 100_000).unwrap();
+        assert_eq!(small.bitmap_region_bytes, 131_072);
+        let huge = Layout::compute(3_000_000_000_000, 65536, 0, 4096).unwrap();
+        assert!(huge.data_bytes.div_ceil(huge.bitmap_region_bytes) <= BITMAP_BITS);
     }
 }

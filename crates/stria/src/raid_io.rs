@@ -274,8 +274,12 @@ mod tests {
             rated_tbw: 0,
             journal_bytes: None,
         };
-        let array =
-            Array::create(devs, &config, &CreateOptions { skip_discard: true }).expect("create");
+        let array = Array::create(
+            devs,
+            &config,
+            &CreateOptions { skip_discard: true, ..CreateOptions::default() },
+        )
+        .expect("create");
         let capacity = array.capacity_bytes();
         assert!(capacity > PIECE_BYTES * 2 + 3 * BLOCK, "the test needs runs longer than a piece");
         let mut model = vec![0u8; capacity as usize];

@@ -707,7 +707,7 @@ fn create_node(data: &Path, args: &UpArgs) -> Result<NodeRecord> {
         let config = ArrayConfig { level, stripe_unit_bytes, rated_tbw, journal_bytes: None };
         // The drive files were created sparse a moment ago, so they read as zeros already:
         // no discard, and no pass over them to prove it.
-        let fresh = CreateOptions { skip_discard: true };
+        let fresh = CreateOptions { skip_discard: true, ..CreateOptions::default() };
         let array = Array::create(devs, &config, &fresh)
             .map_err(|e| usage(format!("cannot create target {t}: {e}")))?;
         let dir = data.join(format!("targets/{t}"));

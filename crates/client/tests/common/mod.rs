@@ -57,7 +57,14 @@ fn array_of(drive_mib: u64) -> Arc<Array> {
         rated_tbw: 0,
         journal_bytes: None,
     };
-    Arc::new(Array::create(drives, &config, &CreateOptions { skip_discard: true }).expect("array"))
+    Arc::new(
+        Array::create(
+            drives,
+            &config,
+            &CreateOptions { skip_discard: true, ..CreateOptions::default() },
+        )
+        .expect("array"),
+    )
 }
 
 impl Node {

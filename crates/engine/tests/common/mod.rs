@@ -34,8 +34,12 @@ impl Drives {
         let config =
             ArrayConfig { level, stripe_unit_bytes: unit, rated_tbw: 0, journal_bytes: None };
         Arc::new(
-            Array::create(self.devs(), &config, &CreateOptions { skip_discard: true })
-                .expect("create array"),
+            Array::create(
+                self.devs(),
+                &config,
+                &CreateOptions { skip_discard: true, ..CreateOptions::default() },
+            )
+            .expect("create array"),
         )
     }
 }

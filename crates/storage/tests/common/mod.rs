@@ -27,7 +27,12 @@ pub fn service(dir: &Path, id: TargetId) -> StorageService {
         journal_bytes: None,
     };
     let array = Arc::new(
-        Array::create(drives, &config, &CreateOptions { skip_discard: true }).expect("array"),
+        Array::create(
+            drives,
+            &config,
+            &CreateOptions { skip_discard: true, ..CreateOptions::default() },
+        )
+        .expect("array"),
     );
     let engine = Engine::create(array.clone(), dir, id).expect("engine");
     StorageService::new(vec![Target { id, pool: "default".into(), array, engine }])

@@ -28,6 +28,9 @@ use crate::usage;
 const BLOCK: u64 = 4096;
 /// Memory drives small enough to read in full every cycle, large enough for every layout.
 const DRIVE_BYTES: u64 = 24 << 20;
+/// Write-intent regions of 1 MiB (not the default 64 MiB), so a drive that returns is
+/// resynced only in part and rot outside the resynced regions is left to the scrub.
+const BITMAP_REGION_BYTES: u64 = 1 << 20;
 /// Slow enough that loads overlap rebuilds and resyncs, fast enough for short cycles.
 const REBUILD_RATE_BYTES_S: u64 = 48 << 20;
 /// Longest run of blocks one load op touches.
@@ -269,9 +272,12 @@ impl Rig {
             rated_tbw: 0,
             journal_bytes: None,
         };
-        let array =
-            Array::create(self.devices(None), &config, &CreateOptions { skip_discard: true })
-                .map_err(|e| format!("creating the array: {e}"))?;
+        let array = Array::create(
+            self.devices(None),
+            &config,
+            &CreateOptions { skip_discard: true, bitmap_region_bytes: Some(BITMAP_REGION_BYTES) },
+        )
+        .map_err(|e| format!("creating the array: {e}"))?;
         array.set_rebuild_rate(REBUILD_RATE_BYTES_S);
         self.expected = Expected::new(array.capacity_bytes());
         self.array = Some(array);
