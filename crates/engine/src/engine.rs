@@ -891,12 +891,16 @@ impl Engine {
         )
     }
 
-    /// Syncs when a change was made since the last sync; returns whether it synced. For a
-    /// periodic flusher: an idle target costs nothing.
+    /// Syncs when a change was made since the last sync, or when the array's write-intent
+    /// bitmap holds bits a flush would now clear (once after a burst of writes); returns
+    /// whether it synced. For a periodic flusher: an idle target costs nothing.
     pub fn sync_if_changed(&self) -> Result<bool, EngineError> {
         // Parked blocks count as a change: a change parks the blocks it replaced after it is
         // staged, so a sync in between covers the change but leaves its blocks parked.
-        if !self.committer.has_changes_to_sync() && lock(&self.alloc).pending_blocks() == 0 {
+        if !self.committer.has_changes_to_sync()
+            && lock(&self.alloc).pending_blocks() == 0
+            && !self.array.write_intent_idle()
+        {
             return Ok(false);
         }
         self.sync()?;

@@ -35,6 +35,14 @@ impl Array {
         self.flush_locked(BitmapClear::Idle)
     }
 
+    /// Whether a flush now would clear write-intent bits: the array is optimal and some region
+    /// marked in the bitmap was not written since the last flush. A periodic flusher that
+    /// found nothing else to do flushes then, so the bits a burst of writes left go one
+    /// interval after it (md clears idle bits on a timer too).
+    pub fn write_intent_idle(&self) -> bool {
+        self.inner.bitmap.any_idle() && self.members().iter().all(|m| m.state == SlotState::Active)
+    }
+
     /// As [`Array::flush`], clearing every write-intent bit when optimal (a clean stop).
     pub(crate) fn flush_clearing_bitmap(&self) -> Result<(), RaidError> {
         let _barrier = self.inner.barrier.write().unwrap_or_else(|e| e.into_inner());

@@ -117,6 +117,15 @@ impl WriteIntent {
         (0..self.regions).filter(|&r| self.is_set(r)).collect()
     }
 
+    /// Whether [`WriteIntent::clear_idle`] would clear a bit now: a set bit whose region was
+    /// not written since the last clear.
+    pub fn any_idle(&self) -> bool {
+        self.words
+            .iter()
+            .zip(&self.recent)
+            .any(|(word, recent)| word.load(Relaxed) & !recent.load(Relaxed) != 0)
+    }
+
     pub fn any_set(&self) -> bool {
         self.words.iter().any(|w| w.load(Relaxed) != 0)
     }
@@ -143,8 +152,10 @@ mod tests {
         let bm = WriteIntent::new(1 << 20, 100 << 20, 4096);
         assert!(bm.set([1, 2, 70]));
         // Written in this interval: kept.
+        assert!(!bm.any_idle());
         assert!(!bm.clear_idle());
         assert_eq!(bm.dirty_regions(), vec![1, 2, 70]);
+        assert!(bm.any_idle(), "nothing written since that flush");
         // Region 2 is written again (its bit is set: nothing to persist), 1 and 70 stay idle.
         assert!(bm.touch(&[2]));
         assert!(!bm.touch(&[2, 3]), "region 3 has no bit yet");
