@@ -135,6 +135,7 @@ pub(crate) struct Counters {
     pub journal_records: AtomicU64,
     pub journal_replayed: AtomicU64,
     pub resynced_regions: AtomicU64,
+    pub bitmap_writes: AtomicU64,
 }
 
 #[derive(Debug)]

@@ -473,6 +473,7 @@ impl Array {
             })
             .collect();
         let failures = wait_all(tickets);
+        self.inner.counters.bitmap_writes.fetch_add(1, Relaxed);
         self.handle_write_failures(&members, failures)
     }
 

@@ -70,6 +70,13 @@ pub struct ArrayStatus {
     pub unrecoverable_blocks: u64,
     pub parity_kernel: &'static str,
     pub events: u64,
+    /// Data-area bytes of each drive one write-intent bit covers.
+    pub bitmap_region_bytes: u64,
+    /// Write-intent regions marked now: what a crash would resync. None when read from the
+    /// labels alone (`stria raid status` then counts those of the on-disk bitmaps).
+    pub bitmap_marked_regions: Option<u64>,
+    /// Bitmap writes (FUA, to every writable member) since assembly; None from labels alone.
+    pub bitmap_writes: Option<u64>,
     pub warnings: Vec<String>,
 }
 
@@ -184,6 +191,9 @@ impl Array {
             unrecoverable_blocks: c.unrecoverable_blocks.load(Relaxed),
             parity_kernel: self.kernel().name(),
             events: self.inner.events.load(Relaxed),
+            bitmap_region_bytes: self.inner.layout.bitmap_region_bytes,
+            bitmap_marked_regions: Some(self.inner.bitmap.dirty_regions().len() as u64),
+            bitmap_writes: Some(c.bitmap_writes.load(Relaxed)),
             warnings: self.warnings(),
         }
     }
@@ -295,6 +305,9 @@ pub fn inspect(labels: &[(String, Superblock)]) -> Option<ArrayStatus> {
         unrecoverable_blocks: 0,
         parity_kernel: stria_parity::Kernel::best().name(),
         events: auth.events,
+        bitmap_region_bytes: auth.layout.bitmap_region_bytes,
+        bitmap_marked_regions: None,
+        bitmap_writes: None,
         warnings: labels
             .iter()
             .filter(|(_, sb)| sb.array_uuid != auth.array_uuid)

@@ -380,8 +380,14 @@ fn region_0_marked_on_disk(rig: &Rig, slot: usize) -> bool {
 fn a_flush_keeps_the_bit_of_a_region_in_use_and_clears_it_once_idle() {
     let rig = Rig::new(Level::Raid1, 2, 16 * 1024, 64 << 20);
     assert!(!region_0_marked_on_disk(&rig, 0));
+    let status = rig.array().status();
+    assert_eq!((status.bitmap_region_bytes, status.bitmap_marked_regions), (1 << 20, Some(0)));
+    let writes_before = status.bitmap_writes.expect("a live array counts its bitmap writes");
     rig.array().write(0, &vec![1u8; 65536]).unwrap();
     assert!(region_0_marked_on_disk(&rig, 0) && region_0_marked_on_disk(&rig, 1));
+    let status = rig.array().status();
+    assert_eq!(status.bitmap_marked_regions, Some(1));
+    assert_eq!(status.bitmap_writes, Some(writes_before + 1));
     // Written since the flush before: the bit stays, so the next write needs no bitmap write.
     rig.array().flush().unwrap();
     assert!(region_0_marked_on_disk(&rig, 0));
@@ -390,9 +396,13 @@ fn a_flush_keeps_the_bit_of_a_region_in_use_and_clears_it_once_idle() {
     assert_eq!(rig.faults[0].stats().snapshot().write_ops, bitmap_writes + 1, "data only");
     rig.array().flush().unwrap();
     assert!(region_0_marked_on_disk(&rig, 1));
+    assert_eq!(rig.array().status().bitmap_writes, Some(writes_before + 1), "none since");
     // Idle for a whole interval: cleared on every member.
     rig.array().flush().unwrap();
     assert!(!region_0_marked_on_disk(&rig, 0) && !region_0_marked_on_disk(&rig, 1));
+    let status = rig.array().status();
+    assert_eq!(status.bitmap_marked_regions, Some(0));
+    assert_eq!(status.bitmap_writes, Some(writes_before + 2));
     // A clean stop clears a bit written since the last flush too.
     rig.array().write(0, &vec![3u8; 4096]).unwrap();
     assert!(region_0_marked_on_disk(&rig, 0));

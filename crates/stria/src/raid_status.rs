@@ -35,6 +35,29 @@ pub fn read_label(path: &Path) -> Result<Superblock, String> {
     Superblock::decode(&raw).map_err(|e| e.to_string())
 }
 
+/// The write-intent regions marked in the on-disk bitmaps of the array's labelled members (as
+/// assembly reads them: the union of every copy), which a crash now would resync. None when no
+/// bitmap could be read.
+fn marked_on_disk(labels: &[(String, Superblock)], status: &ArrayStatus) -> Option<u64> {
+    let uuid = status.uuid.as_str();
+    let mut union: Option<Vec<u8>> = None;
+    for (path, label) in labels.iter().filter(|(_, l)| l.array_uuid.to_string() == uuid) {
+        let layout = &label.layout;
+        let end = (layout.bitmap_offset + layout.bitmap_bytes) as usize;
+        let Ok(raw) = read_header(Path::new(path), end) else { continue };
+        let bits = &raw[layout.bitmap_offset as usize..end];
+        let union = union.get_or_insert_with(|| vec![0; bits.len()]);
+        union.iter_mut().zip(bits).for_each(|(u, b)| *u |= b);
+    }
+    let regions = labels.first()?.1.layout.data_bytes.div_ceil(status.bitmap_region_bytes.max(1));
+    let union = union?;
+    Some(
+        (0..regions)
+            .filter(|&r| union.get((r / 8) as usize).is_some_and(|b| b >> (r % 8) & 1 != 0))
+            .count() as u64,
+    )
+}
+
 #[derive(Serialize, Debug)]
 struct UnreadableDrive {
     device: String,
@@ -58,11 +81,12 @@ pub fn run(args: StatusArgs) -> Result<()> {
             Err(reason) => unreadable.push(UnreadableDrive { device: name, reason }),
         }
     }
-    let Some(status) = stria_raid::inspect(&labels) else {
+    let Some(mut status) = stria_raid::inspect(&labels) else {
         let reasons: Vec<String> =
             unreadable.iter().map(|u| format!("{}: {}", u.device, u.reason)).collect();
         return Err(anyhow!("no drive has a readable Stria label ({})", reasons.join("; ")));
     };
+    status.bitmap_marked_regions = marked_on_disk(&labels, &status);
     let report = StatusReport { status, unreadable };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -130,6 +154,11 @@ fn print_status(s: &ArrayStatus) {
     );
     println!("state        {}", describe_state(s));
     println!("events       {}", s.events);
+    let region = format_bytes(s.bitmap_region_bytes);
+    match s.bitmap_marked_regions {
+        Some(marked) => println!("bitmap       {marked} regions of {region} marked for resync"),
+        None => println!("bitmap       regions of {region}"),
+    }
     println!();
     let width = s.members.iter().chain(&s.spares).map(|m| m.device.len()).max().unwrap_or(6).max(6);
     println!(

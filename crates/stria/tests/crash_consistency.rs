@@ -48,6 +48,14 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The write-intent regions `stria raid status` finds marked in the drives' bitmaps.
+fn marked_regions(drives: &[PathBuf]) -> u64 {
+    let out = stria(&["raid", "status", "--json"], drives);
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    status["bitmap_marked_regions"].as_u64().expect("bitmap_marked_regions")
+}
+
 /// Runs the writer for `millis` and kills it; returns the last acknowledged op.
 fn run_and_kill(seed: u64, millis: u64, drives: &[PathBuf]) -> u64 {
     let mut child = Command::new(STRIA)
@@ -119,6 +127,9 @@ fn campaign(level: &str, drives_n: usize, cycles: u64) {
         eprintln!(
             "level {level} cycle {cycle}: seed {seed}, killed after {millis} ms, acked {acked}"
         );
+        // Every write marks its region before it lands, and a flush keeps the bit of a region
+        // written since the flush before: the killed writer's region is marked for resync.
+        assert!(acked == 0 || marked_regions(&drives) >= 1, "cycle {cycle}: no region marked");
         if parity.is_some() {
             // Recovery (journal replay, resync) with a drive gone, then degraded reads.
             let missing = ((rng >> 40) % drives_n as u64) as usize;
@@ -133,6 +144,7 @@ fn campaign(level: &str, drives_n: usize, cycles: u64) {
         verify(seed, acked, stripe_blocks, &drives);
         ok("rebuild", stria(&["raid", "rebuild"], &drives));
         ok("check", stria(&["raid", "check"], &drives));
+        assert_eq!(marked_regions(&drives), 0, "cycle {cycle}: a clean stop clears every bit");
     }
     let _ = std::fs::remove_dir_all(&dir);
     // Reached only when every cycle passed: a failure keeps the drives for a look.
