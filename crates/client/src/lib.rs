@@ -31,7 +31,7 @@ use stria_proto::wire::{
 use tokio::runtime::Handle;
 
 pub use files::FileHandleId;
-use files::OpenFiles;
+use files::{OpenFile, OpenFiles};
 use transport::{MetaConn, StorageConns};
 pub use volume::{VOLUME_IO_BYTES_MAX, VOLUME_REQUESTS_IN_FLIGHT_MAX, VolumeExtent, VolumeIo};
 
@@ -427,10 +427,15 @@ impl Client {
     /// other handles, and their errors, are theirs to flush and report.
     pub fn flush(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;
+        self.flush_own(&file)
+    }
+
+    /// The flush of `file`'s own writes: none for a handle that cannot write.
+    fn flush_own(&self, file: &OpenFile) -> FsResult<()> {
         if !file.writable() {
             return Ok(());
         }
-        self.block(data::flush(&self.inner, &file, false))
+        self.block(data::flush(&self.inner, file, false))
     }
 
     /// Makes the file's data and metadata durable on every target it touches.
@@ -443,11 +448,7 @@ impl Client {
     /// write, as [`Client::flush`]); the last close of an unlinked file removes its chunks.
     pub fn release(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;
-        let flushed = if file.writable() {
-            self.block(data::flush(&self.inner, &file, false))
-        } else {
-            Ok(())
-        };
+        let flushed = self.flush_own(&file);
         self.inner.files.close(fh);
         let released = self.meta_at(MetaRequest::Release { ino: file.ino })?;
         self.release_inode(released)?;

@@ -10,7 +10,8 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use serde::Serialize;
 use stria_io::file::read_header;
-use stria_raid::superblock::{SUPERBLOCK_BYTES, Superblock};
+use stria_raid::bitmap::WriteIntent;
+use stria_raid::superblock::{Layout, SUPERBLOCK_BYTES, Superblock};
 use stria_raid::{ArrayState, ArrayStatus};
 
 use crate::raid_cmd::Drives;
@@ -39,23 +40,20 @@ pub fn read_label(path: &Path) -> Result<Superblock, String> {
 /// assembly reads them: the union of every copy), which a crash now would resync. None when no
 /// bitmap could be read.
 fn marked_on_disk(labels: &[(String, Superblock)], status: &ArrayStatus) -> Option<u64> {
-    let uuid = status.uuid.as_str();
-    let mut union: Option<Vec<u8>> = None;
-    for (path, label) in labels.iter().filter(|(_, l)| l.array_uuid.to_string() == uuid) {
-        let layout = &label.layout;
+    let members = labels.iter().filter(|(_, l)| l.array_uuid.to_string() == status.uuid);
+    let mut union: Option<(Vec<u8>, &Layout)> = None;
+    for (path, Superblock { layout, .. }) in members {
         let end = (layout.bitmap_offset + layout.bitmap_bytes) as usize;
         let Ok(raw) = read_header(Path::new(path), end) else { continue };
-        let bits = &raw[layout.bitmap_offset as usize..end];
-        let union = union.get_or_insert_with(|| vec![0; bits.len()]);
-        union.iter_mut().zip(bits).for_each(|(u, b)| *u |= b);
+        let (bits, _) =
+            union.get_or_insert_with(|| (vec![0; layout.bitmap_bytes as usize], layout));
+        bits.iter_mut().zip(&raw[layout.bitmap_offset as usize..]).for_each(|(u, b)| *u |= b);
     }
-    let regions = labels.first()?.1.layout.data_bytes.div_ceil(status.bitmap_region_bytes.max(1));
-    let union = union?;
-    Some(
-        (0..regions)
-            .filter(|&r| union.get((r / 8) as usize).is_some_and(|b| b >> (r % 8) & 1 != 0))
-            .count() as u64,
-    )
+    let (bits, layout) = union?;
+    let bitmap =
+        WriteIntent::new(layout.bitmap_region_bytes, layout.data_bytes, layout.bitmap_bytes);
+    bitmap.load(&bits);
+    Some(bitmap.dirty_regions().len() as u64)
 }
 
 #[derive(Serialize, Debug)]
