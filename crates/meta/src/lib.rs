@@ -36,7 +36,7 @@ pub use error::{MetaError, Result};
 pub use types::*;
 
 use record::{Body, DirBody, FIRST_SEQ, Inode};
-use store::{Deltas, Rx, Tx};
+use store::{Deltas, HeldTxn, Rx, Tx};
 
 /// Maps a pool name to the targets it has now (from mgmt's registry).
 pub type TargetResolver = Arc<dyn Fn(&str) -> Vec<TargetId> + Send + Sync>;
@@ -141,7 +141,8 @@ pub const BATCH_AGE_MAX: Duration = Duration::from_millis(5);
 /// takes back its own changes ([`Tx::roll_back`]) and leaves the others in the batch.
 #[derive(Default)]
 struct Batch {
-    txn: Option<WriteTransaction>,
+    /// The transaction, with the tables its mutations and readers opened.
+    txn: Option<HeldTxn>,
     /// Mutations in `txn`.
     ops: u64,
     began: Option<Instant>,
@@ -189,7 +190,7 @@ impl Meta {
     fn init(&self) -> Result<()> {
         let txn = self.db.begin_write()?;
         {
-            let mut tx = Tx::open(&txn)?;
+            let mut tx = Tx::open(&txn);
             // Opening a table in a write transaction creates it; readers expect all of them.
             tx.create_tables()?;
             let format = tx.system(store::KEY_FORMAT)?;
@@ -261,7 +262,7 @@ impl Meta {
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         let mut batch = self.lock_batch();
         if batch.txn.is_none() {
-            batch.txn = Some(self.db.begin_write()?);
+            batch.txn = Some(HeldTxn::new(self.db.begin_write()?));
             batch.began = Some(Instant::now());
             // Under Commit::Durable nothing is seen before its commit: readers keep reading
             // snapshots, in parallel with the fsync.
@@ -270,20 +271,17 @@ impl Meta {
             }
         }
         let alone = batch.ops == 0;
-        let txn = batch.txn.as_ref().expect("begun above");
-        let (result, kept, durable, deltas, rolled_back) = match Tx::open(txn) {
-            Ok(mut tx) => {
-                // A panic is a bug, but the other mutations of the batch stay: this one is
-                // taken back as if it had failed, then the panic goes on.
-                let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
-                let deltas = tx.take_deltas();
-                // "Nothing changed" keeps nothing either, as an aborted transaction did.
-                let kept = matches!(result, Ok(Ok(_))) && !(tx.unchanged && deltas.is_empty());
-                let rolled_back = if kept { Ok(()) } else { tx.roll_back() };
-                (result, kept, tx.durable, deltas, rolled_back)
-            }
-            Err(error) => (Ok(Err(error)), false, false, Deltas::default(), Ok(())),
-        };
+        let held = batch.txn.as_mut().expect("begun above");
+        let mut tx = Tx::with_tables(held.take_tables());
+        // A panic is a bug, but the other mutations of the batch stay: this one is taken
+        // back as if it had failed, then the panic goes on.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
+        let deltas = tx.take_deltas();
+        // "Nothing changed" keeps nothing either, as an aborted transaction did.
+        let kept = matches!(result, Ok(Ok(_))) && !(tx.unchanged && deltas.is_empty());
+        let rolled_back = if kept { Ok(()) } else { tx.roll_back() };
+        let durable = tx.durable;
+        held.put_back(tx.into_tables());
         if !kept {
             if let Err(undo) = &rolled_back {
                 tracing::error!(%undo, ops = batch.ops, "a metadata mutation could not be taken back: its batch is dropped (the mutations in it are lost, as in a crash)");
@@ -335,7 +333,7 @@ impl Meta {
         let deltas = std::mem::take(&mut batch.deltas);
         let ops = std::mem::take(&mut batch.ops);
         batch.began = None;
-        let committed = self.commit(txn, deltas, commit);
+        let committed = self.commit(txn.into_txn(), deltas, commit);
         // Cleared after the commit: a reader that finds no open batch reads a snapshot that
         // has everything the batch held.
         self.batch_open.store(false, Ordering::Release);
@@ -361,7 +359,7 @@ impl Meta {
     /// Drops the open batch and every mutation in it.
     fn abort_batch(&self, batch: &mut Batch) {
         if let Some(txn) = batch.txn.take()
-            && let Err(error) = txn.abort()
+            && let Err(error) = txn.into_txn().abort()
         {
             tracing::warn!(%error, "metadata transaction abort failed");
         }
@@ -429,7 +427,7 @@ impl Meta {
         // commit can add to them meanwhile.
         let mut pending = self.lock_counters();
         let found = {
-            let mut tx = Tx::open(&txn)?;
+            let mut tx = Tx::open(&txn);
             tx.flush_counters(pending.clone())?;
             tx.recount_usage(repair)?
         };
@@ -454,9 +452,10 @@ impl Meta {
             if batch.txn.is_some() && batch.is_old() {
                 self.seal(&mut batch, Commit::Lazy)?;
             }
-            if let Some(txn) = &batch.txn {
+            if let Some(txn) = &mut batch.txn {
                 // A panicking reader must not poison the lock: that would drop the batch.
-                let read = std::panic::catch_unwind(AssertUnwindSafe(|| f(&Rx::of_batch(txn))));
+                let read =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| f(&Rx::of_batch(txn.tables()))));
                 drop(batch);
                 return read.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             }
@@ -501,7 +500,7 @@ fn commit_counted(
 ) -> Result<()> {
     let mut all = pending.clone();
     all.merge(deltas);
-    Tx::open(&txn)?.flush_counters(all)?;
+    Tx::open(&txn).flush_counters(all)?;
     txn.set_durability(durability)?;
     txn.commit()?;
     *pending = Deltas::default();

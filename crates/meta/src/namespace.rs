@@ -340,7 +340,7 @@ impl Meta {
         if self.read(|rx| Ok(rx.inode(ino).map(|rec| rec.nlink > 0).unwrap_or(true)))? {
             return Ok(None);
         }
-        self.write(|tx| match crate::store::load_inode(tx.inodes.table()?, ino)? {
+        self.write(|tx| match crate::store::load_inode(tx.tables.inodes.table()?, ino)? {
             Some(rec) if rec.nlink == 0 => Ok(Some(purge_inode(tx, ino, &rec)?)),
             _ => {
                 tx.unchanged = true;

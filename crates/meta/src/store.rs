@@ -107,13 +107,13 @@ pub(crate) fn load_usage<T: ReadableTable<(u8, u64), (u64, u64)>>(
 /// [`crate::Meta`] (mutations applied but not committed yet, which readers must see).
 enum Source<'a> {
     Snapshot(ReadTransaction),
-    Batch(&'a WriteTransaction),
+    Batch(&'a Tables<'static>),
 }
 
-/// A table as [`Rx`] reads it: of a snapshot, or of the open batch's transaction.
+/// A table as [`Rx`] reads it: of a snapshot, or one the open batch holds open.
 pub(crate) enum View<'a, K: redb::Key + 'static, V: redb::Value + 'static> {
     Snapshot(redb::ReadOnlyTable<K, V>),
-    Batch(Table<'a, K, V>),
+    Batch(&'a Table<'static, K, V>),
 }
 
 impl<K: redb::Key + 'static, V: redb::Value + 'static> redb::ReadableTableMetadata
@@ -192,18 +192,20 @@ pub(crate) struct Rx<'a> {
     system: OnceCell<View<'a, &'static str, u64>>,
 }
 
-/// The table in `cell`, opened from `source` on first use.
+/// The table in `cell`, opened from `source` on first use: `def` of a snapshot, or the
+/// batch's table `held` picks (opened there if no mutation of the batch opened it yet).
 fn opened<'c, 'a, K: redb::Key + 'static, V: redb::Value + 'static>(
     cell: &'c OnceCell<View<'a, K, V>>,
     source: &Source<'a>,
     def: TableDefinition<K, V>,
+    held: for<'h> fn(&'h Tables<'static>) -> &'h Lazy<'static, K, V>,
 ) -> Result<&'c View<'a, K, V>> {
     if let Some(table) = cell.get() {
         return Ok(table);
     }
     let table = match source {
         Source::Snapshot(txn) => View::Snapshot(txn.open_table(def)?),
-        Source::Batch(txn) => View::Batch(txn.open_table(def)?),
+        Source::Batch(tables) => View::Batch(held(tables).table()?),
     };
     Ok(cell.get_or_init(|| table))
 }
@@ -214,9 +216,9 @@ impl<'a> Rx<'a> {
         Rx::with_source(Source::Snapshot(txn))
     }
 
-    /// Reads through the open batch's transaction `txn` (which nothing writes meanwhile).
-    pub fn of_batch(txn: &'a WriteTransaction) -> Rx<'a> {
-        Rx::with_source(Source::Batch(txn))
+    /// Reads through the tables of the open batch (which nothing writes meanwhile).
+    pub fn of_batch(tables: &'a Tables<'static>) -> Rx<'a> {
+        Rx::with_source(Source::Batch(tables))
     }
 
     fn with_source(source: Source<'a>) -> Rx<'a> {
@@ -234,31 +236,31 @@ impl<'a> Rx<'a> {
     }
 
     pub fn inodes(&self) -> Result<&View<'a, u64, &'static [u8]>> {
-        opened(&self.inodes, &self.source, INODES)
+        opened(&self.inodes, &self.source, INODES, |t| &t.inodes)
     }
 
     pub fn dentries(&self) -> Result<&DentriesView<'a>> {
-        opened(&self.dentries, &self.source, DENTRIES)
+        opened(&self.dentries, &self.source, DENTRIES, |t| &t.dentries)
     }
 
     pub fn dir_seq(&self) -> Result<&DirSeqView<'a>> {
-        opened(&self.dir_seq, &self.source, DIR_SEQ)
+        opened(&self.dir_seq, &self.source, DIR_SEQ, |t| &t.dir_seq)
     }
 
     pub fn xattrs(&self) -> Result<&XattrsView<'a>> {
-        opened(&self.xattrs, &self.source, XATTRS)
+        opened(&self.xattrs, &self.source, XATTRS, |t| &t.xattrs)
     }
 
     pub fn usage(&self) -> Result<&View<'a, (u8, u64), (u64, u64)>> {
-        opened(&self.usage, &self.source, USAGE)
+        opened(&self.usage, &self.source, USAGE, |t| &t.usage)
     }
 
     pub fn usage_ext(&self) -> Result<&View<'a, &'static str, (u64, u64)>> {
-        opened(&self.usage_ext, &self.source, USAGE_EXT)
+        opened(&self.usage_ext, &self.source, USAGE_EXT, |t| &t.usage_ext)
     }
 
     pub fn orphans(&self) -> Result<&View<'a, u64, i64>> {
-        opened(&self.orphans, &self.source, ORPHANS)
+        opened(&self.orphans, &self.source, ORPHANS, |t| &t.orphans)
     }
 
     pub fn inode(&self, ino: Ino) -> Result<Inode> {
@@ -270,7 +272,7 @@ impl<'a> Rx<'a> {
     }
 
     pub fn system_table(&self) -> Result<&View<'a, &'static str, u64>> {
-        opened(&self.system, &self.source, SYSTEM)
+        opened(&self.system, &self.source, SYSTEM, |t| &t.system)
     }
 
     pub fn system(&self, key: &str) -> Result<u64> {
@@ -386,8 +388,10 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
     }
 }
 
-/// One write transaction; its tables open as they are used.
-pub(crate) struct Tx<'t> {
+/// The tables of one write transaction, each opened on first use. The open batch of
+/// [`crate::Meta`] keeps them open from one mutation to the next: opening a table costs
+/// about as much as the lookup made in it, and a remove touches five.
+pub(crate) struct Tables<'t> {
     pub inodes: Lazy<'t, u64, &'static [u8]>,
     pub dentries: Lazy<'t, (u64, &'static [u8]), (u64, u64, u8)>,
     pub dir_seq: Lazy<'t, (u64, u64), (u64, u8, &'static [u8])>,
@@ -396,6 +400,101 @@ pub(crate) struct Tx<'t> {
     pub usage_ext: Lazy<'t, &'static str, (u64, u64)>,
     pub orphans: Lazy<'t, u64, i64>,
     pub system: Lazy<'t, &'static str, u64>,
+}
+
+impl<'t> Tables<'t> {
+    pub fn new(txn: &'t WriteTransaction) -> Tables<'t> {
+        Tables {
+            inodes: Lazy::new(txn, INODES),
+            dentries: Lazy::new(txn, DENTRIES),
+            dir_seq: Lazy::new(txn, DIR_SEQ),
+            xattrs: Lazy::new(txn, XATTRS),
+            usage: Lazy::new(txn, USAGE),
+            usage_ext: Lazy::new(txn, USAGE_EXT),
+            orphans: Lazy::new(txn, ORPHANS),
+            system: Lazy::new(txn, SYSTEM),
+        }
+    }
+}
+
+/// A write transaction that keeps its tables open across the mutations it holds (the open
+/// batch of [`crate::Meta`]): they are opened by the first mutation or reader that needs them
+/// and closed when the transaction commits or is dropped.
+///
+/// The tables borrow the transaction, so the two cannot be an ordinary struct: the
+/// transaction lives on the heap, where moving the holder does not move it, and the tables
+/// carry a `'static` lifetime that nothing outside this type may see free. [`Meta`]
+/// (crate::Meta) lends them only to closures generic over the lifetime (`Meta::write`,
+/// `Meta::read`) and moves them back in before the lock is let go.
+pub(crate) struct HeldTxn {
+    /// `None` while a mutation has them.
+    tables: Option<Tables<'static>>,
+    /// Owned (from `Box::into_raw`); freed by `into_txn` or `drop`, after the tables.
+    txn: std::ptr::NonNull<WriteTransaction>,
+}
+
+// SAFETY: a `HeldTxn` owns its transaction and every table that borrows it, and both are
+// `Send` (checked below), so moving it to another thread moves all of them together. Nothing
+// in it is shared with another holder.
+unsafe impl Send for HeldTxn {}
+
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<WriteTransaction>();
+    send::<Tables<'static>>();
+};
+
+impl HeldTxn {
+    pub fn new(txn: WriteTransaction) -> HeldTxn {
+        let txn = std::ptr::NonNull::from(Box::leak(Box::new(txn)));
+        // SAFETY: the transaction is on the heap and freed only after the tables are dropped
+        // (`into_txn`, `drop`); see the type's comment for why the lifetime does not escape.
+        let tables = Tables::new(unsafe { txn.as_ref() });
+        HeldTxn { tables: Some(tables), txn }
+    }
+
+    /// Lends the tables to one mutation ([`Tx::with_tables`]); [`HeldTxn::put_back`] returns
+    /// them. (Tables not given back were closed when dropped: a fresh set opens them again.)
+    pub fn take_tables(&mut self) -> Tables<'static> {
+        let txn = self.txn;
+        // SAFETY: as in `new`.
+        self.tables.take().unwrap_or_else(|| Tables::new(unsafe { txn.as_ref() }))
+    }
+
+    pub fn put_back(&mut self, tables: Tables<'static>) {
+        self.tables = Some(tables);
+    }
+
+    /// The tables, for readers of the batch.
+    pub fn tables(&mut self) -> &Tables<'static> {
+        let txn = self.txn;
+        // SAFETY: as in `new`.
+        self.tables.get_or_insert_with(|| Tables::new(unsafe { txn.as_ref() }))
+    }
+
+    /// Closes the tables and gives the transaction back, for its commit or abort.
+    pub fn into_txn(mut self) -> WriteTransaction {
+        self.tables = None;
+        let txn = self.txn;
+        std::mem::forget(self);
+        // SAFETY: from `Box::leak` in `new`; every table that borrowed it is dropped above,
+        // and `forget` keeps `drop` from freeing it a second time.
+        *unsafe { Box::from_raw(txn.as_ptr()) }
+    }
+}
+
+impl Drop for HeldTxn {
+    /// Drops the tables, then the transaction (which aborts it, as redb does).
+    fn drop(&mut self) {
+        self.tables = None;
+        // SAFETY: as in `into_txn`.
+        drop(unsafe { Box::from_raw(self.txn.as_ptr()) });
+    }
+}
+
+/// One mutation in a write transaction, with that transaction's tables.
+pub(crate) struct Tx<'t> {
+    pub tables: Tables<'t>,
     deltas: Deltas,
     /// Set by an operation that changed nothing: the transaction is aborted instead of
     /// committed, which saves the commit (and its fsync).
@@ -439,38 +538,36 @@ fn restore<'k, 'v, K: redb::Key + 'static, V: redb::Value + 'static>(
 }
 
 impl<'t> Tx<'t> {
-    pub fn open(txn: &'t WriteTransaction) -> Result<Tx<'t>> {
-        Ok(Tx {
-            inodes: Lazy::new(txn, INODES),
-            dentries: Lazy::new(txn, DENTRIES),
-            dir_seq: Lazy::new(txn, DIR_SEQ),
-            xattrs: Lazy::new(txn, XATTRS),
-            usage: Lazy::new(txn, USAGE),
-            usage_ext: Lazy::new(txn, USAGE_EXT),
-            orphans: Lazy::new(txn, ORPHANS),
-            system: Lazy::new(txn, SYSTEM),
-            deltas: Deltas::default(),
-            unchanged: false,
-            durable: false,
-            undo: Vec::new(),
-        })
+    /// A mutation in `txn` with tables of its own (closed when it is dropped).
+    pub fn open(txn: &'t WriteTransaction) -> Tx<'t> {
+        Tx::with_tables(Tables::new(txn))
+    }
+
+    /// A mutation in the transaction `tables` belong to; [`Tx::into_tables`] gives them
+    /// back, still open, for the next one.
+    pub fn with_tables(tables: Tables<'t>) -> Tx<'t> {
+        Tx { tables, deltas: Deltas::default(), unchanged: false, durable: false, undo: Vec::new() }
+    }
+
+    pub fn into_tables(self) -> Tables<'t> {
+        self.tables
     }
 
     /// Opens every table, which creates those that do not exist yet.
     pub fn create_tables(&self) -> Result<()> {
-        self.inodes.table()?;
-        self.dentries.table()?;
-        self.dir_seq.table()?;
-        self.xattrs.table()?;
-        self.usage.table()?;
-        self.usage_ext.table()?;
-        self.orphans.table()?;
-        self.system.table()?;
+        self.tables.inodes.table()?;
+        self.tables.dentries.table()?;
+        self.tables.dir_seq.table()?;
+        self.tables.xattrs.table()?;
+        self.tables.usage.table()?;
+        self.tables.usage_ext.table()?;
+        self.tables.orphans.table()?;
+        self.tables.system.table()?;
         Ok(())
     }
 
     pub fn inode(&self, ino: Ino) -> Result<Inode> {
-        load_inode(self.inodes.table()?, ino)?.ok_or_else(|| not_found("no such inode"))
+        load_inode(self.tables.inodes.table()?, ino)?.ok_or_else(|| not_found("no such inode"))
     }
 
     /// The inode `ino`, which must be a directory.
@@ -483,13 +580,13 @@ impl<'t> Tx<'t> {
     }
 
     pub fn put_inode(&mut self, ino: Ino, rec: &Inode) -> Result<()> {
-        let old = self.inodes.table_mut()?.insert(ino, rec.encode()?.as_slice())?;
+        let old = self.tables.inodes.table_mut()?.insert(ino, rec.encode()?.as_slice())?;
         self.undo.push(Undo::Inode(ino, old.map(|g| g.value().to_vec())));
         Ok(())
     }
 
     pub fn dentry(&self, dir: Ino, name: &[u8]) -> Result<Option<Dentry>> {
-        load_dentry(self.dentries.table()?, dir, name)
+        load_dentry(self.tables.dentries.table()?, dir, name)
     }
 
     /// Adds `name → ino` to directory `dir` (whose record the caller writes back).
@@ -505,9 +602,9 @@ impl<'t> Tx<'t> {
             dir_rec.dir_body().ok_or_else(|| fs(FsStatus::NotDir, "parent is not a directory"))?;
         let seq = body.next_seq;
         body.next_seq += 1;
-        let old = self.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
+        let old = self.tables.dentries.table_mut()?.insert((dir, name), (ino, seq, kind.code()))?;
         self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
-        let old = self.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
+        let old = self.tables.dir_seq.table_mut()?.insert((dir, seq), (ino, kind.code(), name))?;
         let old = old.map(|g| owned_dir_seq(g.value()));
         self.undo.push(Undo::DirSeq((dir, seq), old));
         Ok(())
@@ -517,22 +614,22 @@ impl<'t> Tx<'t> {
         let Some(dentry) = self.dentry(dir, name)? else {
             return Ok(None);
         };
-        let old = self.dentries.table_mut()?.remove((dir, name))?;
+        let old = self.tables.dentries.table_mut()?.remove((dir, name))?;
         self.undo.push(Undo::Dentry((dir, name.to_vec()), old.map(|g| g.value())));
-        let old = self.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
+        let old = self.tables.dir_seq.table_mut()?.remove((dir, dentry.seq))?;
         let old = old.map(|g| owned_dir_seq(g.value()));
         self.undo.push(Undo::DirSeq((dir, dentry.seq), old));
         Ok(Some(dentry))
     }
 
     pub fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
-        Ok(self.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
+        Ok(self.tables.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))?.next().is_none())
     }
 
     /// The entries of `dir` (ino, kind), all of them.
     pub fn children(&self, dir: Ino) -> Result<Vec<(Ino, FileKind)>> {
         let mut out = Vec::new();
-        for item in self.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))? {
+        for item in self.tables.dir_seq.table()?.range((dir, 0)..=(dir, u64::MAX))? {
             let (_, value) = item?;
             let (ino, code, _) = value.value();
             let kind = FileKind::from_code(code)
@@ -543,7 +640,7 @@ impl<'t> Tx<'t> {
     }
 
     pub fn system(&self, key: &str) -> Result<u64> {
-        Ok(self.system.table()?.get(key)?.map(|g| g.value()).unwrap_or(0))
+        Ok(self.tables.system.table()?.get(key)?.map(|g| g.value()).unwrap_or(0))
     }
 
     /// A fresh inode number, counted as used.
@@ -566,10 +663,11 @@ impl<'t> Tx<'t> {
 
     /// Deletes an inode record, its xattrs and its orphan mark.
     pub fn free_inode(&mut self, ino: Ino) -> Result<()> {
-        let old = self.inodes.table_mut()?.remove(ino)?;
+        let old = self.tables.inodes.table_mut()?.remove(ino)?;
         self.undo.push(Undo::Inode(ino, old.map(|g| g.value().to_vec())));
         self.clear_orphan(ino)?;
         let names: Vec<Vec<u8>> = self
+            .tables
             .xattrs
             .table()?
             .range((ino, &[][..])..(ino + 1, &[][..]))?
@@ -583,20 +681,20 @@ impl<'t> Tx<'t> {
     }
 
     pub fn set_system(&mut self, key: &str, value: u64) -> Result<()> {
-        let old = self.system.table_mut()?.insert(key, value)?;
+        let old = self.tables.system.table_mut()?.insert(key, value)?;
         self.undo.push(Undo::System(key.to_string(), old.map(|g| g.value())));
         Ok(())
     }
 
     pub fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
-        let old = self.xattrs.table_mut()?.insert((ino, name), value)?;
+        let old = self.tables.xattrs.table_mut()?.insert((ino, name), value)?;
         self.undo.push(Undo::Xattr((ino, name.to_vec()), old.map(|g| g.value().to_vec())));
         Ok(())
     }
 
     /// Whether `ino` had the xattr `name`.
     pub fn remove_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<bool> {
-        let Some(old) = self.xattrs.table_mut()?.remove((ino, name))? else {
+        let Some(old) = self.tables.xattrs.table_mut()?.remove((ino, name))? else {
             return Ok(false);
         };
         self.undo.push(Undo::Xattr((ino, name.to_vec()), Some(old.value().to_vec())));
@@ -605,13 +703,13 @@ impl<'t> Tx<'t> {
 
     /// Marks `ino` as an orphan (no name left, still open) since `secs`.
     pub fn set_orphan(&mut self, ino: Ino, secs: i64) -> Result<()> {
-        let old = self.orphans.table_mut()?.insert(ino, secs)?;
+        let old = self.tables.orphans.table_mut()?.insert(ino, secs)?;
         self.undo.push(Undo::Orphan(ino, old.map(|g| g.value())));
         Ok(())
     }
 
     fn clear_orphan(&mut self, ino: Ino) -> Result<()> {
-        if let Some(old) = self.orphans.table_mut()?.remove(ino)? {
+        if let Some(old) = self.tables.orphans.table_mut()?.remove(ino)? {
             self.undo.push(Undo::Orphan(ino, Some(old.value())));
         }
         Ok(())
@@ -623,23 +721,29 @@ impl<'t> Tx<'t> {
     pub fn roll_back(&mut self) -> Result<()> {
         while let Some(undo) = self.undo.pop() {
             match undo {
-                Undo::Inode(ino, old) => restore(self.inodes.table_mut()?, ino, old.as_deref())?,
+                Undo::Inode(ino, old) => {
+                    restore(self.tables.inodes.table_mut()?, ino, old.as_deref())?
+                }
                 Undo::Dentry((dir, name), old) => {
-                    restore(self.dentries.table_mut()?, (dir, name.as_slice()), old)?
+                    restore(self.tables.dentries.table_mut()?, (dir, name.as_slice()), old)?
                 }
                 Undo::DirSeq(key, old) => {
                     let old = old.as_ref().map(|(ino, code, name)| (*ino, *code, name.as_slice()));
-                    restore(self.dir_seq.table_mut()?, key, old)?
+                    restore(self.tables.dir_seq.table_mut()?, key, old)?
                 }
-                Undo::Xattr((ino, name), old) => {
-                    restore(self.xattrs.table_mut()?, (ino, name.as_slice()), old.as_deref())?
-                }
-                Undo::Usage(key, old) => restore(self.usage.table_mut()?, key, old)?,
+                Undo::Xattr((ino, name), old) => restore(
+                    self.tables.xattrs.table_mut()?,
+                    (ino, name.as_slice()),
+                    old.as_deref(),
+                )?,
+                Undo::Usage(key, old) => restore(self.tables.usage.table_mut()?, key, old)?,
                 Undo::UsageExt(ext, old) => {
-                    restore(self.usage_ext.table_mut()?, ext.as_str(), old)?
+                    restore(self.tables.usage_ext.table_mut()?, ext.as_str(), old)?
                 }
-                Undo::Orphan(ino, old) => restore(self.orphans.table_mut()?, ino, old)?,
-                Undo::System(key, old) => restore(self.system.table_mut()?, key.as_str(), old)?,
+                Undo::Orphan(ino, old) => restore(self.tables.orphans.table_mut()?, ino, old)?,
+                Undo::System(key, old) => {
+                    restore(self.tables.system.table_mut()?, key.as_str(), old)?
+                }
             }
         }
         self.deltas = Deltas::default();
@@ -661,7 +765,7 @@ impl<'t> Tx<'t> {
     /// `repair` the tables are rewritten to the recount in this transaction.
     pub fn recount_usage(&mut self, repair: bool) -> Result<Vec<String>> {
         let mut counted = Deltas::default();
-        for item in self.inodes.table()?.iter()? {
+        for item in self.tables.inodes.table()?.iter()? {
             let (ino, bytes) = item?;
             let rec = Inode::decode(ino.value(), bytes.value())?;
             if rec.counted() {
@@ -670,11 +774,11 @@ impl<'t> Tx<'t> {
         }
         let signed = |(files, bytes): (u64, u64)| (files as i64, bytes as i64);
         let mut stored = Deltas::default();
-        for item in self.usage.table()?.iter()? {
+        for item in self.tables.usage.table()?.iter()? {
             let (key, value) = item?;
             stored.usage.insert(key.value(), signed(value.value()));
         }
-        for item in self.usage_ext.table()?.iter()? {
+        for item in self.tables.usage_ext.table()?.iter()? {
             let (key, value) = item?;
             stored.ext.insert(key.value().to_string(), signed(value.value()));
         }
@@ -711,12 +815,12 @@ impl<'t> Tx<'t> {
             if delta == (0, 0) {
                 continue;
             }
-            let current = load_usage(self.usage.table()?, key.0, key.1)?;
+            let current = load_usage(self.tables.usage.table()?, key.0, key.1)?;
             let next = apply((current.files, current.bytes), delta);
             let old = if next == (0, 0) {
-                self.usage.table_mut()?.remove(key)?
+                self.tables.usage.table_mut()?.remove(key)?
             } else {
-                self.usage.table_mut()?.insert(key, next)?
+                self.tables.usage.table_mut()?.insert(key, next)?
             };
             self.undo.push(Undo::Usage(key, old.map(|g| g.value())));
         }
@@ -724,13 +828,18 @@ impl<'t> Tx<'t> {
             if delta == (0, 0) {
                 continue;
             }
-            let current =
-                self.usage_ext.table()?.get(ext.as_str())?.map(|g| g.value()).unwrap_or((0, 0));
+            let current = self
+                .tables
+                .usage_ext
+                .table()?
+                .get(ext.as_str())?
+                .map(|g| g.value())
+                .unwrap_or((0, 0));
             let next = apply(current, delta);
             let old = if next == (0, 0) {
-                self.usage_ext.table_mut()?.remove(ext.as_str())?
+                self.tables.usage_ext.table_mut()?.remove(ext.as_str())?
             } else {
-                self.usage_ext.table_mut()?.insert(ext.as_str(), next)?
+                self.tables.usage_ext.table_mut()?.insert(ext.as_str(), next)?
             };
             self.undo.push(Undo::UsageExt(ext.clone(), old.map(|g| g.value())));
         }

@@ -58,7 +58,7 @@ impl Meta {
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             check_access(&rec, name, caller, W_OK)?;
-            let exists = tx.xattrs.table()?.get((ino, name))?.is_some();
+            let exists = tx.tables.xattrs.table()?.get((ino, name))?.is_some();
             match flags {
                 XattrFlags::Create if exists => {
                     return Err(fs(FsStatus::Exists, "xattr exists"));
