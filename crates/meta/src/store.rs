@@ -4,8 +4,8 @@
 //! changes in memory (so that an inode touched twice is counted once) and writes them just
 //! before commit.
 
-use std::cell::OnceCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use redb::{ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction};
 use stria_proto::fs::{FsStatus, Ino};
@@ -182,20 +182,20 @@ type XattrsView<'a> = View<'a, (u64, &'static [u8]), &'static [u8]>;
 /// reading a record from it.
 pub(crate) struct Rx<'a> {
     source: Source<'a>,
-    inodes: OnceCell<View<'a, u64, &'static [u8]>>,
-    dentries: OnceCell<DentriesView<'a>>,
-    dir_seq: OnceCell<DirSeqView<'a>>,
-    xattrs: OnceCell<XattrsView<'a>>,
-    usage: OnceCell<View<'a, (u8, u64), (u64, u64)>>,
-    usage_ext: OnceCell<View<'a, &'static str, (u64, u64)>>,
-    orphans: OnceCell<View<'a, u64, i64>>,
-    system: OnceCell<View<'a, &'static str, u64>>,
+    inodes: OnceLock<View<'a, u64, &'static [u8]>>,
+    dentries: OnceLock<DentriesView<'a>>,
+    dir_seq: OnceLock<DirSeqView<'a>>,
+    xattrs: OnceLock<XattrsView<'a>>,
+    usage: OnceLock<View<'a, (u8, u64), (u64, u64)>>,
+    usage_ext: OnceLock<View<'a, &'static str, (u64, u64)>>,
+    orphans: OnceLock<View<'a, u64, i64>>,
+    system: OnceLock<View<'a, &'static str, u64>>,
 }
 
 /// The table in `cell`, opened from `source` on first use: `def` of a snapshot, or the
 /// batch's table `held` picks (opened there if no mutation of the batch opened it yet).
 fn opened<'c, 'a, K: redb::Key + 'static, V: redb::Value + 'static>(
-    cell: &'c OnceCell<View<'a, K, V>>,
+    cell: &'c OnceLock<View<'a, K, V>>,
     source: &Source<'a>,
     def: TableDefinition<K, V>,
     held: for<'h> fn(&'h Tables<'static>) -> &'h Lazy<'static, K, V>,
@@ -224,14 +224,14 @@ impl<'a> Rx<'a> {
     fn with_source(source: Source<'a>) -> Rx<'a> {
         Rx {
             source,
-            inodes: OnceCell::new(),
-            dentries: OnceCell::new(),
-            dir_seq: OnceCell::new(),
-            xattrs: OnceCell::new(),
-            usage: OnceCell::new(),
-            usage_ext: OnceCell::new(),
-            orphans: OnceCell::new(),
-            system: OnceCell::new(),
+            inodes: OnceLock::new(),
+            dentries: OnceLock::new(),
+            dir_seq: OnceLock::new(),
+            xattrs: OnceLock::new(),
+            usage: OnceLock::new(),
+            usage_ext: OnceLock::new(),
+            orphans: OnceLock::new(),
+            system: OnceLock::new(),
         }
     }
 
@@ -365,12 +365,12 @@ fn apply(current: (u64, u64), delta: (i64, i64)) -> (u64, u64) {
 pub(crate) struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
     txn: &'t WriteTransaction,
     def: TableDefinition<'static, K, V>,
-    table: OnceCell<Table<'t, K, V>>,
+    table: OnceLock<Table<'t, K, V>>,
 }
 
 impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
     fn new(txn: &'t WriteTransaction, def: TableDefinition<'static, K, V>) -> Self {
-        Lazy { txn, def, table: OnceCell::new() }
+        Lazy { txn, def, table: OnceLock::new() }
     }
 
     pub fn table(&self) -> Result<&Table<'t, K, V>> {
