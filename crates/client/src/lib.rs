@@ -438,6 +438,18 @@ impl Client {
         self.block(data::flush(&self.inner, file, false))
     }
 
+    /// Whether writes through the file of `fh` are still on their way to storage: a flush or
+    /// a close of a handle that can write then waits for them.
+    pub fn has_queued_writes(&self, fh: FileHandleId) -> bool {
+        self.inner.files.get(fh).is_ok_and(|file| !file.inode.state().in_flight.is_empty())
+    }
+
+    /// The runtime the client's requests run on; callers that must not wait for a slow call
+    /// on their own thread can run it on one of its blocking threads.
+    pub fn runtime(&self) -> &Handle {
+        &self.inner.runtime
+    }
+
     /// Makes the file's data and metadata durable on every target it touches.
     pub fn fsync(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;

@@ -81,6 +81,10 @@ pub struct UpArgs {
     /// writer of its files.
     #[arg(long)]
     pub writeback_cache: bool,
+    /// Threads that take the kernel's requests on the mount (1-256; default one per CPU, at
+    /// least 2 and at most 16). More than the CPUs slows small operations down.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub fuse_threads: Option<u16>,
     /// Treat root (uid 0) and group 0 on the mount as the unprivileged user and group nobody
     /// (65534), as NFS's root_squash: root on a client machine gets no more rights to files than
     /// anyone else, and what it creates belongs to nobody.
@@ -757,6 +761,7 @@ fn mount_fs(client: stria_client::Client, path: &Path, args: &UpArgs) -> Result<
     let options = stria_fuse::MountOptions {
         writeback_cache: args.writeback_cache,
         root_squash: args.root_squash,
+        threads: args.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
         ..Default::default()
     };
     if !Path::new("/dev/fuse").exists() {

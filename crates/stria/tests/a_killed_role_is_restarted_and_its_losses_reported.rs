@@ -14,7 +14,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::node::{Node, pattern, require_fuse, scratch};
+use support::node::{Node, pattern, require_fuse, role_pid, scratch};
 
 const ARGS: [&str; 7] =
     ["--drives", "4", "--drive-size", "256M", "--raid", "5", "--separate-roles"];
@@ -28,12 +28,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn role_pid(data: &Path, role: &str) -> Option<u32> {
-    let text = std::fs::read_to_string(data.join("roles").join(format!("{role}.json"))).ok()?;
-    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
-    record["pid"].as_u64().map(|pid| pid as u32)
 }
 
 /// kill -9 of one role; returns its pid.

@@ -206,6 +206,14 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> std::process::ExitStatus 
     }
 }
 
+/// The pid of a role process of `stria up --separate-roles` (`storage`, `meta`), from its
+/// record in the data directory.
+pub fn role_pid(data: &Path, role: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(data.join("roles").join(format!("{role}.json"))).ok()?;
+    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+    record["pid"].as_u64().map(|pid| pid as u32)
+}
+
 pub fn is_mounted(path: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let want = path.display().to_string();
