@@ -89,6 +89,64 @@ pub fn default_threads() -> usize {
 pub struct Mount {
     session: Option<fuser::BackgroundSession>,
     requests: Arc<RequestCounts>,
+    offloaded: Arc<Offloaded>,
+}
+
+/// Most calls answered from blocking threads at once ([`StriaFs::reply_empty_after`]); past
+/// it a slow call is answered on its request thread, as every call used to be. The client's
+/// runtime has 64 blocking threads, which the services of an all-in-one node use too: slow
+/// calls filling them would leave the service work they wait for queued behind them.
+const OFFLOADED_MAX: usize = 16;
+
+/// How long unmounting waits for slow calls still running (each ends within the client's
+/// request timeout).
+const OFFLOADED_DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// The calls running on blocking threads: at most [`OFFLOADED_MAX`], and unmounting waits for
+/// them, so a close still on its way is done before the node goes on to stop.
+#[derive(Debug, Default)]
+struct Offloaded {
+    running: std::sync::Mutex<usize>,
+    idle: std::sync::Condvar,
+}
+
+/// One running offloaded call; its drop (also in a panic) counts it out.
+struct OffloadedCall(Arc<Offloaded>);
+
+impl Offloaded {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A slot for one more call, if fewer than [`OFFLOADED_MAX`] run.
+    fn start(self: &Arc<Self>) -> Option<OffloadedCall> {
+        let mut running = self.lock();
+        if *running >= OFFLOADED_MAX {
+            return None;
+        }
+        *running += 1;
+        Some(OffloadedCall(self.clone()))
+    }
+
+    /// Waits until none runs, at most `limit`; whether none does.
+    fn wait_idle(&self, limit: Duration) -> bool {
+        let running = self.lock();
+        let (running, _) = self
+            .idle
+            .wait_timeout_while(running, limit, |running| *running > 0)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *running == 0
+    }
+}
+
+impl Drop for OffloadedCall {
+    fn drop(&mut self) {
+        let mut running = self.0.lock();
+        *running -= 1;
+        if *running == 0 {
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 /// The kernel requests a mount answers, named as in the FUSE protocol (lowercase).
@@ -214,10 +272,14 @@ impl Mount {
         self.requests.clone()
     }
 
-    /// Unmounts and waits for the worker threads to finish.
+    /// Unmounts and waits for the request threads to finish, and for the slow calls they
+    /// left running on blocking threads (at most a minute).
     pub fn unmount(mut self) -> io::Result<()> {
         if let Some(session) = self.session.take() {
             session.umount_and_join()?;
+        }
+        if !self.offloaded.wait_idle(OFFLOADED_DRAIN_WAIT) {
+            tracing::warn!("unmounted with fsync or close calls still running");
         }
         Ok(())
     }
@@ -240,8 +302,10 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let requests = Arc::new(RequestCounts::default());
+    let offloaded = Arc::new(Offloaded::default());
     let fs = StriaFs {
         requests: requests.clone(),
+        offloaded: offloaded.clone(),
         client,
         ttl: options.attr_ttl,
         max_io_bytes: options.max_io_bytes,
@@ -249,11 +313,12 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         callers: Callers::new(options.root_squash),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
-    Ok(Mount { session: Some(session), requests })
+    Ok(Mount { session: Some(session), requests, offloaded })
 }
 
 struct StriaFs {
     requests: Arc<RequestCounts>,
+    offloaded: Arc<Offloaded>,
     client: Client,
     ttl: Duration,
     max_io_bytes: u32,
@@ -287,19 +352,23 @@ fn reply_empty(reply: ReplyEmpty, result: Result<(), FsStatus>) {
 
 impl StriaFs {
     /// Replies with the outcome of `call`: made here, or on a blocking thread of the client's
-    /// runtime when it may wait long (`slow`), so this request thread goes back to the kernel's
-    /// queue at once. (The kernel matches replies to requests by id, in any order.)
+    /// runtime when it may wait long (`slow`) and fewer than [`OFFLOADED_MAX`] such calls run,
+    /// so this request thread goes back to the kernel's queue at once. (The kernel matches
+    /// replies to requests by id, in any order.)
     fn reply_empty_after(
         &self,
         slow: bool,
         reply: ReplyEmpty,
         call: impl FnOnce(&Client) -> Result<(), FsStatus> + Send + 'static,
     ) {
-        if !slow {
+        let Some(running) = slow.then(|| self.offloaded.start()).flatten() else {
             return reply_empty(reply, call(&self.client));
-        }
+        };
         let client = self.client.clone();
-        self.client.runtime().spawn_blocking(move || reply_empty(reply, call(&client)));
+        self.client.runtime().spawn_blocking(move || {
+            reply_empty(reply, call(&client));
+            drop(running);
+        });
     }
 
     fn reply_entry(&self, reply: ReplyEntry, result: Result<stria_proto::wire::Attr, FsStatus>) {
@@ -834,6 +903,27 @@ impl Filesystem for StriaFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offloaded_calls_are_capped_and_unmount_waits_for_the_last() {
+        let offloaded = Arc::new(Offloaded::default());
+        let mut running: Vec<_> = (0..OFFLOADED_MAX).map(|_| offloaded.start()).collect();
+        assert!(running.iter().all(Option::is_some));
+        assert!(offloaded.start().is_none(), "one past the cap is answered inline");
+        assert!(!offloaded.wait_idle(Duration::from_millis(10)));
+        let last = running.pop().flatten();
+        running.clear();
+        assert!(offloaded.start().is_some_and(|call| {
+            drop(call);
+            true
+        }));
+        let waiter = {
+            let offloaded = offloaded.clone();
+            std::thread::spawn(move || offloaded.wait_idle(Duration::from_secs(60)))
+        };
+        drop(last);
+        assert!(waiter.join().expect("waiter"), "idle once the last call ended");
+    }
 
     #[test]
     fn each_op_counts_in_its_own_slot_under_its_own_name() {

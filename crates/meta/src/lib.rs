@@ -275,16 +275,16 @@ impl Meta {
         }
         let alone = batch.ops == 0;
         let held = batch.txn.as_mut().expect("begun above");
-        let mut tx = Tx::with_tables(held.take_tables());
-        // A panic is a bug, but the other mutations of the batch stay: this one is taken
-        // back as if it had failed, then the panic goes on.
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
-        let deltas = tx.take_deltas();
-        // "Nothing changed" keeps nothing either, as an aborted transaction did.
-        let kept = matches!(result, Ok(Ok(_))) && !(tx.unchanged && deltas.is_empty());
-        let rolled_back = if kept { Ok(()) } else { tx.roll_back() };
-        let durable = tx.durable;
-        held.put_back(tx.into_tables());
+        let (result, kept, durable, deltas, rolled_back) = held.mutate(|tx| {
+            // A panic is a bug, but the other mutations of the batch stay: this one is taken
+            // back as if it had failed, then the panic goes on.
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(tx)));
+            let deltas = tx.take_deltas();
+            // "Nothing changed" keeps nothing either, as an aborted transaction did.
+            let kept = matches!(result, Ok(Ok(_))) && !(tx.unchanged && deltas.is_empty());
+            let rolled_back = if kept { Ok(()) } else { tx.roll_back() };
+            (result, kept, tx.durable, deltas, rolled_back)
+        });
         if !kept {
             if let Err(undo) = &rolled_back {
                 tracing::error!(%undo, ops = batch.ops, "a metadata mutation could not be taken back: its batch is dropped (the mutations in it are lost, as in a crash)");
@@ -484,8 +484,7 @@ impl Meta {
             }
             if let Some(txn) = &mut batch.txn {
                 // A panicking reader must not poison the lock: that would drop the batch.
-                let read =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| f(&Rx::of_batch(txn.tables()))));
+                let read = std::panic::catch_unwind(AssertUnwindSafe(|| txn.read(|rx| f(rx))));
                 drop(batch);
                 return read.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             }

@@ -216,8 +216,9 @@ impl<'a> Rx<'a> {
         Rx::with_source(Source::Snapshot(txn))
     }
 
-    /// Reads through the tables of the open batch (which nothing writes meanwhile).
-    pub fn of_batch(tables: &'a Tables<'static>) -> Rx<'a> {
+    /// Reads through the tables of the open batch (which nothing writes meanwhile); only
+    /// [`HeldTxn::read`] has them.
+    fn of_batch(tables: &'a Tables<'static>) -> Rx<'a> {
         Rx::with_source(Source::Batch(tables))
     }
 
@@ -423,13 +424,13 @@ impl<'t> Tables<'t> {
 ///
 /// The tables borrow the transaction, so the two cannot be an ordinary struct: the
 /// transaction lives on the heap, where moving the holder does not move it, and the tables
-/// carry a `'static` lifetime that nothing outside this type may see free. [`Meta`]
-/// (crate::Meta) lends them only to closures generic over the lifetime (`Meta::write`,
-/// `Meta::read`) and moves them back in before the lock is let go.
+/// carry a `'static` lifetime that nothing outside this type sees: it lends them only to
+/// closures generic over the lifetime ([`HeldTxn::mutate`], [`HeldTxn::read`]) and has them
+/// back before it returns.
 pub(crate) struct HeldTxn {
     /// `None` while a mutation has them.
     tables: Option<Tables<'static>>,
-    /// Owned (from `Box::into_raw`); freed by `into_txn` or `drop`, after the tables.
+    /// Owned (from `Box::leak`); freed by `into_txn` or `drop`, after the tables.
     txn: std::ptr::NonNull<WriteTransaction>,
 }
 
@@ -453,20 +454,29 @@ impl HeldTxn {
         HeldTxn { tables: Some(tables), txn }
     }
 
-    /// Lends the tables to one mutation ([`Tx::with_tables`]); [`HeldTxn::put_back`] returns
-    /// them. (Tables not given back were closed when dropped: a fresh set opens them again.)
-    pub fn take_tables(&mut self) -> Tables<'static> {
+    /// Runs one mutation on the tables, which stay open for the next. `f` is generic over
+    /// the tables' lifetime, so nothing that borrows the transaction leaves it.
+    pub fn mutate<R>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> R) -> R {
+        let mut tx = Tx::with_tables(self.take_tables());
+        let out = f(&mut tx);
+        self.tables = Some(tx.into_tables());
+        out
+    }
+
+    /// Runs a reader of the batch on its tables (as [`HeldTxn::mutate`]).
+    pub fn read<R>(&mut self, f: impl FnOnce(&Rx<'_>) -> R) -> R {
+        f(&Rx::of_batch(self.tables()))
+    }
+
+    /// The tables, out of the holder for one mutation. (Tables a panicking mutation dropped
+    /// were closed: a fresh set opens them again.)
+    fn take_tables(&mut self) -> Tables<'static> {
         let txn = self.txn;
         // SAFETY: as in `new`.
         self.tables.take().unwrap_or_else(|| Tables::new(unsafe { txn.as_ref() }))
     }
 
-    pub fn put_back(&mut self, tables: Tables<'static>) {
-        self.tables = Some(tables);
-    }
-
-    /// The tables, for readers of the batch.
-    pub fn tables(&mut self) -> &Tables<'static> {
+    fn tables(&mut self) -> &Tables<'static> {
         let txn = self.txn;
         // SAFETY: as in `new`.
         self.tables.get_or_insert_with(|| Tables::new(unsafe { txn.as_ref() }))
@@ -545,11 +555,11 @@ impl<'t> Tx<'t> {
 
     /// A mutation in the transaction `tables` belong to; [`Tx::into_tables`] gives them
     /// back, still open, for the next one.
-    pub fn with_tables(tables: Tables<'t>) -> Tx<'t> {
+    fn with_tables(tables: Tables<'t>) -> Tx<'t> {
         Tx { tables, deltas: Deltas::default(), unchanged: false, durable: false, undo: Vec::new() }
     }
 
-    pub fn into_tables(self) -> Tables<'t> {
+    fn into_tables(self) -> Tables<'t> {
         self.tables
     }
 

@@ -35,6 +35,22 @@ fn signal(pid: u32, signal: i32) {
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "signal {signal} to {pid}");
 }
 
+/// A process stopped with SIGSTOP until this is dropped (also when an assertion fails).
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Stopped {
+        signal(pid, libc::SIGSTOP);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
 /// Runs `call` on a thread of its own and returns once that thread is inside the system call
 /// numbered `syscall` (read from /proc), with the thread's handle.
 fn blocked_in<T: Send + 'static>(
@@ -85,19 +101,19 @@ fn an_fsync_and_a_close_waiting_for_storage_hold_up_nothing_else() {
     file.write_all(&pattern(1, 0, 1 << 20)).unwrap();
     file.sync_all().unwrap();
 
-    signal(storage, libc::SIGSTOP);
+    let stopped = Stopped::new(storage);
     file.write_all_at(&pattern(2, 0, 64 << 10), 0).unwrap();
     let fsync = blocked_in(libc::SYS_fsync, move || file.sync_all());
     mount_goes_on(&mnt, "during-fsync", &fsync);
-    signal(storage, libc::SIGCONT);
+    drop(stopped);
     fsync.join().unwrap().expect("the fsync succeeds once storage answers");
 
-    signal(storage, libc::SIGSTOP);
+    let stopped = Stopped::new(storage);
     let file = OpenOptions::new().write(true).open(mnt.join("f")).unwrap();
     file.write_all_at(&pattern(3, 64 << 10, 64 << 10), 64 << 10).unwrap();
     let close = blocked_in(libc::SYS_close, move || drop(file));
     mount_goes_on(&mnt, "during-close", &close);
-    signal(storage, libc::SIGCONT);
+    drop(stopped);
     close.join().unwrap();
 
     let mut expected = pattern(1, 0, 1 << 20);
