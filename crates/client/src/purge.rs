@@ -29,8 +29,12 @@ use crate::FsResult;
 use crate::data::distinct_targets;
 use crate::transport::{MetaConn, StorageConns};
 
-/// Most released inodes waiting before a drain starts by itself.
-pub(crate) const BATCH_MAX: usize = 256;
+/// Most released inodes waiting before a drain starts by itself. Each drain costs a durable
+/// metadata commit, during which unlinks wait: at 256, removing 4 KiB files at 16k/s through
+/// the mount made 60 of them a second. At 4096 the 200 ms timer starts most drains instead,
+/// and the same removes ran at 17.5k/s against 16k (mdbench, 4 alternated pairs; fdatasyncs
+/// of the node halved).
+pub(crate) const BATCH_MAX: usize = 4096;
 /// Longest a released inode's chunks wait.
 pub(crate) const DRAIN_EVERY: Duration = Duration::from_millis(200);
 
