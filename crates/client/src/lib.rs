@@ -438,10 +438,13 @@ impl Client {
         self.block(data::flush(&self.inner, file, false))
     }
 
-    /// Whether writes through the file of `fh` are still on their way to storage: a flush or
-    /// a close of a handle that can write then waits for them.
+    /// Whether a flush or close of `fh` would wait for queued writes: it can write, and writes
+    /// to its file are still on their way to storage.
     pub fn has_queued_writes(&self, fh: FileHandleId) -> bool {
-        self.inner.files.get(fh).is_ok_and(|file| !file.inode.state().in_flight.is_empty())
+        self.inner
+            .files
+            .get(fh)
+            .is_ok_and(|file| file.writable() && !file.inode.state().in_flight.is_empty())
     }
 
     /// The runtime the client's requests run on; callers that must not wait for a slow call

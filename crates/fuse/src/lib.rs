@@ -149,100 +149,55 @@ impl Drop for OffloadedCall {
     }
 }
 
-/// The kernel requests a mount answers, named as in the FUSE protocol (lowercase).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Lookup,
-    Getattr,
-    Setattr,
-    Readlink,
-    Mknod,
-    Mkdir,
-    Unlink,
-    Rmdir,
-    Symlink,
-    Rename,
-    Link,
-    Open,
-    Read,
-    Write,
-    Flush,
-    Release,
-    Fsync,
-    Opendir,
-    Readdir,
-    Fsyncdir,
-    Statfs,
-    Setxattr,
-    Getxattr,
-    Listxattr,
-    Removexattr,
-    Access,
-    Create,
+/// Declares [`Op`] with its names, listed once.
+macro_rules! ops {
+    ($($op:ident => $name:literal,)*) => {
+        /// The kernel requests a mount answers, named as in the FUSE protocol (lowercase).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Op {
+            $($op,)*
+        }
+
+        impl Op {
+            pub const ALL: [Op; [$(Op::$op),*].len()] = [$(Op::$op),*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Op::$op => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Op {
-    pub const ALL: [Op; 27] = [
-        Op::Lookup,
-        Op::Getattr,
-        Op::Setattr,
-        Op::Readlink,
-        Op::Mknod,
-        Op::Mkdir,
-        Op::Unlink,
-        Op::Rmdir,
-        Op::Symlink,
-        Op::Rename,
-        Op::Link,
-        Op::Open,
-        Op::Read,
-        Op::Write,
-        Op::Flush,
-        Op::Release,
-        Op::Fsync,
-        Op::Opendir,
-        Op::Readdir,
-        Op::Fsyncdir,
-        Op::Statfs,
-        Op::Setxattr,
-        Op::Getxattr,
-        Op::Listxattr,
-        Op::Removexattr,
-        Op::Access,
-        Op::Create,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Lookup => "lookup",
-            Op::Getattr => "getattr",
-            Op::Setattr => "setattr",
-            Op::Readlink => "readlink",
-            Op::Mknod => "mknod",
-            Op::Mkdir => "mkdir",
-            Op::Unlink => "unlink",
-            Op::Rmdir => "rmdir",
-            Op::Symlink => "symlink",
-            Op::Rename => "rename",
-            Op::Link => "link",
-            Op::Open => "open",
-            Op::Read => "read",
-            Op::Write => "write",
-            Op::Flush => "flush",
-            Op::Release => "release",
-            Op::Fsync => "fsync",
-            Op::Opendir => "opendir",
-            Op::Readdir => "readdir",
-            Op::Fsyncdir => "fsyncdir",
-            Op::Statfs => "statfs",
-            Op::Setxattr => "setxattr",
-            Op::Getxattr => "getxattr",
-            Op::Listxattr => "listxattr",
-            Op::Removexattr => "removexattr",
-            Op::Access => "access",
-            Op::Create => "create",
-        }
-    }
+ops! {
+    Lookup => "lookup",
+    Getattr => "getattr",
+    Setattr => "setattr",
+    Readlink => "readlink",
+    Mknod => "mknod",
+    Mkdir => "mkdir",
+    Unlink => "unlink",
+    Rmdir => "rmdir",
+    Symlink => "symlink",
+    Rename => "rename",
+    Link => "link",
+    Open => "open",
+    Read => "read",
+    Write => "write",
+    Flush => "flush",
+    Release => "release",
+    Fsync => "fsync",
+    Opendir => "opendir",
+    Readdir => "readdir",
+    Fsyncdir => "fsyncdir",
+    Statfs => "statfs",
+    Setxattr => "setxattr",
+    Getxattr => "getxattr",
+    Listxattr => "listxattr",
+    Removexattr => "removexattr",
+    Access => "access",
+    Create => "create",
 }
 
 /// How many of each [`Op`] a mount has answered since it was mounted.

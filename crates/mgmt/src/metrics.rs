@@ -441,24 +441,23 @@ fn families(s: &Scrape) -> Families {
         f.gauge("stria_fs_inodes_used", "Inodes in use.", None).put(&none, inodes_used as f64);
     }
 
-    // The metadata service.
-    let mut sink = f.counter(
-        "stria_metadata_ops",
-        "Metadata requests served since the node started, by operation.",
-        None,
-    );
-    for (op, count) in &s.metadata_ops {
-        sink.put(&vec![("op", op.clone())], *count as f64);
-    }
-
-    // The FUSE mount.
-    let mut sink = f.counter(
-        "stria_mount_requests",
-        "Kernel requests the node's FUSE mount answered since it was mounted, by operation.",
-        None,
-    );
-    for (op, count) in &s.mount_requests {
-        sink.put(&vec![("op", op.clone())], *count as f64);
+    // Requests by operation: of the metadata service, of the FUSE mount.
+    for (name, help, counts) in [
+        (
+            "stria_metadata_ops",
+            "Metadata requests served since the node started, by operation.",
+            &s.metadata_ops,
+        ),
+        (
+            "stria_mount_requests",
+            "Kernel requests the node's FUSE mount answered since it was mounted, by operation.",
+            &s.mount_requests,
+        ),
+    ] {
+        let mut sink = f.counter(name, help, None);
+        for (op, count) in counts {
+            sink.put(&vec![("op", op.clone())], *count as f64);
+        }
     }
 
     // Volumes and exports.
