@@ -209,6 +209,7 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
     let MetaReply::Attr(attr) = reply else {
         return Err(unexpected(&reply));
     };
+    inner.seen.note_attr(&attr);
     let mut state = inode.state();
     state.size = attr.size.max(if state.size_dirty { state.size } else { 0 });
     Ok(())
@@ -231,8 +232,9 @@ async fn spill(
         Some((offset, end)) => spill_sized(inner, inode.ino, offset, end).await?,
         None => (spill_ino(inner, inode.ino).await?, None),
     };
-    if published.is_some() {
+    if let Some((size, mtime)) = published {
         inner.files.published();
+        inner.seen.note(inode.ino, size, mtime);
     }
     inode.state().layout = Some(layout.clone());
     Ok((layout, published))
@@ -528,6 +530,7 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
                 done?;
             }
         }
+        inner.seen.note(file.ino, size, mtime);
         let mut state = inode.state();
         // A write that came meanwhile is for the next flush.
         if state.size == size && state.mtime == mtime {

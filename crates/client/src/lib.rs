@@ -15,6 +15,7 @@ mod data;
 mod durability;
 mod files;
 mod purge;
+mod seen;
 mod transport;
 mod volume;
 
@@ -114,6 +115,8 @@ struct Inner {
     purger: Arc<purge::Purger>,
     /// Which acknowledged changes the services lost by restarting (see `durability`).
     watch: Arc<durability::DurabilityWatch>,
+    /// The version of each file a cache in front of this client holds (see `seen`).
+    seen: seen::SeenVersions,
 }
 
 /// The last clone of a client removes the chunks still queued for removal (see `purge`), so
@@ -153,7 +156,10 @@ impl Client {
         let meta = Arc::new(meta);
         let purger = purge::Purger::new(meta.clone(), storage.clone());
         runtime.spawn(purger.clone().run());
-        Client { inner: Arc::new(Inner { runtime, config, meta, storage, files, purger, watch }) }
+        let seen = seen::SeenVersions::default();
+        Client {
+            inner: Arc::new(Inner { runtime, config, meta, storage, files, purger, watch, seen }),
+        }
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {
@@ -214,6 +220,7 @@ impl Client {
         {
             self.block(data::trim(&self.inner, ino, layout, attr.size))?;
         }
+        self.inner.seen.note_attr(&attr);
         Ok(self.inner.files.overlay(attr, since))
     }
 
@@ -272,6 +279,7 @@ impl Client {
                 let fh = self.inner.files.open(&attr, known, opens_for_writing(mask));
                 if created {
                     self.inner.files.no_xattrs(attr.ino);
+                    self.inner.seen.note_attr(&attr);
                 }
                 Ok((fh, self.inner.files.overlay(attr, since)))
             }
@@ -408,6 +416,19 @@ impl Client {
             };
         let fh = self.inner.files.open(&attr, inline, opens_for_writing(mask));
         Ok((fh, self.inner.files.overlay(attr, since)))
+    }
+
+    /// Whether a cache in front of this client (the mount's page cache) still holds the
+    /// version of the file that `attr`, fresh from an open, shows: false when another client
+    /// changed the file since this client last saw or changed it, or when this client has
+    /// seen no version of it. Notes `attr`'s version as the one cached from now on.
+    pub fn cache_is_current(&self, attr: &Attr) -> bool {
+        self.inner.seen.is_current(attr)
+    }
+
+    /// The cache in front of this client dropped everything of `ino`.
+    pub fn forget_cached(&self, ino: Ino) {
+        self.inner.seen.forget(ino);
     }
 
     pub fn read(&self, fh: FileHandleId, offset: u64, len: u32) -> FsResult<Vec<u8>> {

@@ -5,8 +5,9 @@
 //! checks again with the same identity, so the native API and the mount agree.
 //!
 //! Caching: attributes and entries are cached by the kernel for [`MountOptions::attr_ttl`];
-//! the page cache is kept across opens (close-to-open: `open` revalidates attributes), and the
-//! kernel's writeback cache gathers small writes into large ones.
+//! the page cache is kept across opens of a file no other client changed meanwhile
+//! (close-to-open: an open that finds the file changed drops the kernel's pages and cached
+//! attributes), and the kernel's writeback cache gathers small writes into large ones.
 
 mod caller;
 mod convert;
@@ -227,11 +228,22 @@ impl Mount {
         self.requests.clone()
     }
 
+    /// False once the kernel ended the session: someone ran `umount` or `fusermount -u` on
+    /// the mount point.
+    pub fn is_mounted(&self) -> bool {
+        self.session.as_ref().is_some_and(|session| !session.guard.is_finished())
+    }
+
     /// Unmounts and waits for the request threads to finish, and for the slow calls they
     /// left running on blocking threads (at most a minute).
     pub fn unmount(mut self) -> io::Result<()> {
         if let Some(session) = self.session.take() {
-            session.umount_and_join()?;
+            if session.guard.is_finished() {
+                // Unmounted from outside (umount): nothing left to unmount.
+                session.join()?;
+            } else {
+                session.umount_and_join()?;
+            }
         }
         if !self.offloaded.wait_idle(OFFLOADED_DRAIN_WAIT) {
             tracing::warn!("unmounted with fsync or close calls still running");
@@ -258,6 +270,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     config.clone_fd = true;
     let requests = Arc::new(RequestCounts::default());
     let offloaded = Arc::new(Offloaded::default());
+    let notifier = Arc::new(std::sync::OnceLock::new());
     let fs = StriaFs {
         requests: requests.clone(),
         offloaded: offloaded.clone(),
@@ -266,8 +279,10 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         max_io_bytes: options.max_io_bytes,
         writeback_cache: options.writeback_cache,
         callers: Callers::new(options.root_squash),
+        notifier: notifier.clone(),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
     Ok(Mount { session: Some(session), requests, offloaded })
 }
 
@@ -279,6 +294,8 @@ struct StriaFs {
     max_io_bytes: u32,
     writeback_cache: bool,
     callers: Callers,
+    /// Tells the kernel to drop what it cached; set once the session runs.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 const GENERATION: Generation = Generation(0);
@@ -356,12 +373,39 @@ impl StriaFs {
     /// has nothing of its own to flush, so its `close` sends no FLUSH request (as NFS skips
     /// the flush of a file not open for writing); writes through other handles are flushed
     /// at their own close, and the handle's RELEASE still follows its last close.
-    fn open_flags(flags: i32) -> FopenFlags {
-        if flags & libc::O_ACCMODE == libc::O_RDONLY {
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE
+    ///
+    /// Cached pages are kept when `cache_current` (the file is as this mount last saw it);
+    /// otherwise the kernel drops them at this open.
+    fn open_flags(flags: i32, cache_current: bool) -> FopenFlags {
+        let mut open = FopenFlags::empty();
+        if cache_current {
+            open |= FopenFlags::FOPEN_KEEP_CACHE;
         }
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            open |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        open
+    }
+
+    /// Close-to-open between clients: whether the kernel's pages of the file `attr` (fresh
+    /// from the open) describes are still current. When another client changed the file
+    /// since this mount last saw it, the kernel's cached attributes are dropped too (its
+    /// size may be stale for up to the attribute timeout): its next read asks for them, and
+    /// a changed size or mtime then also drops the pages (AUTO_INVAL_DATA). Only the
+    /// attributes are invalidated here, which waits for no page and no request: dropping
+    /// pages from a request thread could wait on a page whose read needs that thread.
+    fn revalidate(&self, attr: &stria_proto::wire::Attr) -> bool {
+        if self.client.cache_is_current(attr) {
+            return true;
+        }
+        if let Some(notifier) = self.notifier.get()
+            && let Err(e) = notifier.inval_inode(INodeNo(attr.ino), -1, 0)
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            // ENOENT: the kernel holds nothing of the inode.
+            tracing::debug!(ino = attr.ino, error = %e, "invalidating cached attributes");
+        }
+        false
     }
 
     fn open_mask(flags: i32) -> u32 {
@@ -408,6 +452,11 @@ impl Filesystem for StriaFs {
         self.requests.count(Op::Lookup);
         let caller = self.callers.of(req);
         self.reply_entry(reply, self.client.lookup(&caller, parent.0, name_bytes(name)));
+    }
+
+    /// The kernel evicted the inode, and its pages with it.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.client.forget_cached(ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -582,7 +631,10 @@ impl Filesystem for StriaFs {
             // Keep the page cache: the kernel drops cached pages itself when refreshed
             // attributes show another size or mtime (not with the writeback cache, see
             // `MountOptions::writeback_cache`).
-            Ok((fh, _attr)) => reply.opened(FileHandle(fh), Self::open_flags(flags.0)),
+            Ok((fh, attr)) => {
+                let current = self.revalidate(&attr);
+                reply.opened(FileHandle(fh), Self::open_flags(flags.0, current))
+            }
             Err(error) => reply.error(errno(error)),
         }
     }
@@ -848,7 +900,7 @@ impl Filesystem for StriaFs {
                 &file_attr(&attr),
                 GENERATION,
                 FileHandle(fh),
-                Self::open_flags(flags),
+                Self::open_flags(flags, true),
             ),
             Err(error) => reply.error(errno(error)),
         }

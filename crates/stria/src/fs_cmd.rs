@@ -1,6 +1,7 @@
 //! Commands that talk to a running node: `df`, `getstripe`, `setstripe`, `target` (fail,
 //! replace a drive, add a spare).
 
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use clap::{Args, Subcommand};
 use stria_client::{Client, ClientConfig, DriveChangeError};
 use stria_proto::fs::{CHUNK_BYTES_DEFAULT, FsStatus, LayoutPolicy, TargetId};
 use stria_proto::wire::{Caller, FileKind};
+use stria_rpc::ClusterSecret;
 
 use crate::units::{format_bytes, parse_size};
 use crate::up::RunRecord;
@@ -37,19 +39,29 @@ impl NodeClient {
             .enable_all()
             .build()
             .context("cannot start the runtime")?;
-        // Every target of a single node is served by its one storage service; the listing
-        // gives the ids.
-        let probe = Client::new(
-            runtime.handle().clone(),
-            ClientConfig::new(run.meta, vec![(TargetId(0), run.storage)])
-                .with_secret(secret.clone()),
-        );
-        let targets = probe.targets().map_err(|e| unreachable_node(&run, e))?;
-        let routes = targets.iter().map(|t| (t.target, run.storage)).collect();
-        let config = ClientConfig::new(run.meta, routes).with_secret(secret);
+        let config = node_config(runtime.handle(), run.meta, run.storage, secret)
+            .map_err(|e| unreachable_node(&run, e))?;
         let client = Client::new(runtime.handle().clone(), config);
         Ok(NodeClient { client, _runtime: runtime })
     }
+}
+
+/// The client configuration for the node whose services listen at `meta` and `storage`.
+/// Every target of a single node is served by its one storage service, whose listing gives
+/// the target ids; fails as that listing does (`Access` for a wrong secret).
+pub fn node_config(
+    runtime: &tokio::runtime::Handle,
+    meta: SocketAddr,
+    storage: SocketAddr,
+    secret: ClusterSecret,
+) -> Result<ClientConfig, FsStatus> {
+    let probe = Client::new(
+        runtime.clone(),
+        ClientConfig::new(meta, vec![(TargetId(0), storage)]).with_secret(secret.clone()),
+    );
+    let targets = probe.targets()?;
+    let routes = targets.iter().map(|t| (t.target, storage)).collect();
+    Ok(ClientConfig::new(meta, routes).with_secret(secret))
 }
 
 fn unreachable_node(run: &RunRecord, e: FsStatus) -> anyhow::Error {

@@ -12,6 +12,7 @@ mod fs_cmd;
 mod fsck;
 mod gateway;
 mod interrupt;
+mod mount_cmd;
 mod node;
 mod raid_bench;
 mod raid_bench_report;
@@ -50,6 +51,9 @@ enum Command {
     /// Run an all-in-one node: drive files, RAID targets, the file system and its FUSE mount.
     /// The first run creates everything under --data; later runs reassemble it.
     Up(up::UpArgs),
+    /// Mount the file system of a running node as one more client (on this machine or
+    /// another), in the foreground until Ctrl-C, SIGTERM or umount.
+    Mount(mount_cmd::MountArgs),
     /// Capacity and use per target and pool of a running node.
     Df(fs_cmd::NodeArgs),
     /// Show the layout of files (stripe count, stripe size, pool, targets) or the default
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
+        Command::Mount(args) => mount_cmd::run(args),
         Command::Df(args) => fs_cmd::df(args),
         Command::Getstripe(args) => fs_cmd::getstripe(args),
         Command::Setstripe(args) => fs_cmd::setstripe(args),

@@ -438,7 +438,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         Some(args.mount.clone().map(|m| absolute(&m)).transpose()?.unwrap_or(data.join("mnt")))
     };
     let mount = match &mount_point {
-        Some(path) => match mount_fs(client.clone(), path, &args) {
+        Some(path) => match mount_fs(client.clone(), path, &mount_options(&args)) {
             Ok(mount) => Some(mount),
             Err(reason) => {
                 eprintln!("warning: not mounted: {reason:#}");
@@ -757,13 +757,22 @@ pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
     Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
 }
 
-fn mount_fs(client: stria_client::Client, path: &Path, args: &UpArgs) -> Result<stria_fuse::Mount> {
-    let options = stria_fuse::MountOptions {
+fn mount_options(args: &UpArgs) -> stria_fuse::MountOptions {
+    stria_fuse::MountOptions {
         writeback_cache: args.writeback_cache,
         root_squash: args.root_squash,
         threads: args.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
         ..Default::default()
-    };
+    }
+}
+
+/// Mounts `client`'s file system at `path` (created if missing), first detaching the dead
+/// mount a killed process may have left there.
+pub fn mount_fs(
+    client: stria_client::Client,
+    path: &Path,
+    options: &stria_fuse::MountOptions,
+) -> Result<stria_fuse::Mount> {
     if !Path::new("/dev/fuse").exists() {
         bail!(
             "/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device (--device /dev/fuse)"
@@ -772,14 +781,14 @@ fn mount_fs(client: stria_client::Client, path: &Path, args: &UpArgs) -> Result<
     clear_stale_mount(path, false);
     std::fs::create_dir_all(path)
         .with_context(|| format!("cannot create the mount point {}", path.display()))?;
-    let mut mounted = stria_fuse::mount(client.clone(), path, &options);
+    let mut mounted = stria_fuse::mount(client.clone(), path, options);
     if let Err(e) = &mounted
         && e.raw_os_error() == Some(libc::ENOTCONN)
     {
         // The dead mount of a killed node was still being torn down a moment ago.
         clear_stale_mount(path, true);
         std::thread::sleep(Duration::from_millis(200));
-        mounted = stria_fuse::mount(client, path, &options);
+        mounted = stria_fuse::mount(client, path, options);
     }
     mounted.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {

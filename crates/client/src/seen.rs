@@ -1,0 +1,110 @@
+//! Which version of each file a cache in front of this client holds (the kernel's page
+//! cache, for the FUSE mount), so that `open` can tell whether another client changed the file
+//! since: close-to-open consistency between clients.
+//!
+//! A version is the file's size and mtime as the metadata service has them. The client
+//! notes the version its own changes leave (a published size, an inline write, a setattr, a
+//! create) and the version each open finds; an open that finds another version than the one
+//! noted knows the cache is stale. mtime carries nanoseconds and is set by the writer, so two
+//! different contents with one version would take two writers in the same nanosecond.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use stria_proto::fs::Ino;
+use stria_proto::wire::{Attr, Timestamp};
+
+/// Most files remembered. Past it the record starts over, which costs each file's cached
+/// pages once (their next open drops them), nothing else.
+const SEEN_MAX: usize = 1 << 16;
+
+#[derive(Debug, Default)]
+pub(crate) struct SeenVersions {
+    versions: Mutex<HashMap<Ino, (u64, Timestamp)>>,
+}
+
+impl SeenVersions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Ino, (u64, Timestamp)>> {
+        self.versions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cache now holds this version of `ino` (this client made it, or just fetched it).
+    pub fn note(&self, ino: Ino, size: u64, mtime: Timestamp) {
+        let mut versions = self.lock();
+        if versions.len() >= SEEN_MAX && !versions.contains_key(&ino) {
+            versions.clear();
+        }
+        versions.insert(ino, (size, mtime));
+    }
+
+    pub fn note_attr(&self, attr: &Attr) {
+        self.note(attr.ino, attr.size, attr.mtime);
+    }
+
+    /// Whether the version in `attr` (fresh from the metadata service) is the one noted for
+    /// its file; notes it either way. A file with nothing noted is not current: nothing says
+    /// what the cache holds.
+    pub fn is_current(&self, attr: &Attr) -> bool {
+        let mut versions = self.lock();
+        let current = versions.get(&attr.ino) == Some(&(attr.size, attr.mtime));
+        if !current {
+            if versions.len() >= SEEN_MAX && !versions.contains_key(&attr.ino) {
+                versions.clear();
+            }
+            versions.insert(attr.ino, (attr.size, attr.mtime));
+        }
+        current
+    }
+
+    /// The cache dropped `ino` (the kernel forgot the inode).
+    pub fn forget(&self, ino: Ino) {
+        self.lock().remove(&ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: Ino, size: u64, secs: i64, nanos: u32) -> Attr {
+        let t = Timestamp::default();
+        Attr {
+            ino,
+            kind: stria_proto::wire::FileKind::File,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size,
+            rdev: 0,
+            atime: t,
+            mtime: Timestamp { secs, nanos },
+            ctime: t,
+            crtime: t,
+            layout: None,
+        }
+    }
+
+    #[test]
+    fn an_open_is_current_only_for_the_version_noted_last() {
+        let seen = SeenVersions::default();
+        assert!(!seen.is_current(&attr(7, 10, 1, 5)), "nothing noted yet");
+        assert!(seen.is_current(&attr(7, 10, 1, 5)), "the open noted what it found");
+        assert!(!seen.is_current(&attr(7, 10, 1, 6)), "another client wrote: new mtime");
+        assert!(!seen.is_current(&attr(7, 11, 1, 6)), "same mtime, other size");
+        seen.note(7, 20, Timestamp { secs: 2, nanos: 0 });
+        assert!(seen.is_current(&attr(7, 20, 2, 0)), "this client's own change");
+        seen.forget(7);
+        assert!(!seen.is_current(&attr(7, 20, 2, 0)), "forgotten: nothing noted");
+    }
+
+    #[test]
+    fn the_record_is_bounded() {
+        let seen = SeenVersions::default();
+        for ino in 0..SEEN_MAX as u64 + 10 {
+            seen.note(ino, 1, Timestamp::default());
+        }
+        assert!(seen.lock().len() <= SEEN_MAX);
+        assert!(seen.is_current(&attr(SEEN_MAX as u64 + 9, 1, 0, 0)), "the newest stays");
+    }
+}
