@@ -426,6 +426,11 @@ impl Client {
         self.inner.seen.is_current(attr)
     }
 
+    /// Handles of `ino` open in this client.
+    pub fn handles_open(&self, ino: Ino) -> u32 {
+        self.inner.files.inode(ino).map_or(0, |inode| inode.state().opens)
+    }
+
     /// The cache in front of this client dropped everything of `ino`.
     pub fn forget_cached(&self, ino: Ino) {
         self.inner.seen.forget(ino);

@@ -304,6 +304,15 @@ const GENERATION: Generation = Generation(0);
 /// metadata service's own cookies, whose real entries start above 2.
 const DIR_OFFSET_DOTDOT: u64 = 2;
 
+/// The result of a call on an inode the kernel named by number (not by a name in a
+/// directory): NotFound then means the inode is gone, removed through another client while
+/// this kernel still had a name cached for it. ESTALE makes the kernel look the path up
+/// again and retry (open, stat, chmod, access, xattrs and readlink do), so the caller sees
+/// the name as it is now (a new file, or ENOENT) rather than the dead inode.
+fn stale_if_gone<T>(result: Result<T, FsStatus>) -> Result<T, FsStatus> {
+    result.map_err(|e| if e == FsStatus::NotFound { FsStatus::Stale } else { e })
+}
+
 fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
@@ -461,7 +470,7 @@ impl Filesystem for StriaFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.requests.count(Op::Getattr);
-        self.reply_attr(reply, self.client.getattr(ino.0));
+        self.reply_attr(reply, stale_if_gone(self.client.getattr(ino.0)));
     }
 
     fn setattr(
@@ -505,12 +514,12 @@ impl Filesystem for StriaFs {
                 set.mtime = set.mtime.map(|_| TimeSet::Now);
             }
         }
-        self.reply_attr(reply, self.client.setattr(&caller, ino.0, set));
+        self.reply_attr(reply, stale_if_gone(self.client.setattr(&caller, ino.0, set)));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         self.requests.count(Op::Readlink);
-        match self.client.readlink(ino.0) {
+        match stale_if_gone(self.client.readlink(ino.0)) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(errno(error)),
         }
@@ -627,10 +636,23 @@ impl Filesystem for StriaFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Op::Open);
         let caller = self.callers.of(req);
-        match self.client.open(&caller, ino.0, Self::open_mask(flags.0)) {
+        match stale_if_gone(self.client.open(&caller, ino.0, Self::open_mask(flags.0))) {
             // Keep the page cache: the kernel drops cached pages itself when refreshed
             // attributes show another size or mtime (not with the writeback cache, see
             // `MountOptions::writeback_cache`).
+            // A file with no name left that this mount had no handle of was reached through
+            // a name cached here after another client removed it (or replaced it, as editors
+            // and rsync do), and its last handle elsewhere keeps it alive for now: the name
+            // is stale. (A file unlinked here loses its cached name at once; /proc/PID/fd
+            // reopens of it go through a handle that is still open.)
+            Ok((fh, attr))
+                if attr.nlink == 0
+                    && attr.kind == FileKind::File
+                    && self.client.handles_open(ino.0) == 1 =>
+            {
+                let _ = self.client.release(fh);
+                reply.error(errno(FsStatus::Stale));
+            }
             Ok((fh, attr)) => {
                 let current = self.revalidate(&attr);
                 reply.opened(FileHandle(fh), Self::open_flags(flags.0, current))
@@ -719,7 +741,7 @@ impl Filesystem for StriaFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Op::Opendir);
         let caller = self.callers.of(req);
-        match self.client.access(&caller, ino.0, libc::R_OK as u32) {
+        match stale_if_gone(self.client.access(&caller, ino.0, libc::R_OK as u32)) {
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(error) => reply.error(errno(error)),
         }
@@ -813,13 +835,14 @@ impl Filesystem for StriaFs {
             XattrSetMode::Any
         };
         let caller = self.callers.of(req);
-        reply_empty(reply, self.client.setxattr(&caller, ino.0, name_bytes(name), value, mode));
+        let result = self.client.setxattr(&caller, ino.0, name_bytes(name), value, mode);
+        reply_empty(reply, stale_if_gone(result));
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.requests.count(Op::Getxattr);
         let caller = self.callers.of(req);
-        match self.client.getxattr(&caller, ino.0, name_bytes(name)) {
+        match stale_if_gone(self.client.getxattr(&caller, ino.0, name_bytes(name))) {
             Ok(value) if size == 0 => reply.size(value.len() as u32),
             Ok(value) if value.len() > size as usize => reply.error(Errno::ERANGE),
             Ok(value) => reply.data(&value),
@@ -830,7 +853,7 @@ impl Filesystem for StriaFs {
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.requests.count(Op::Listxattr);
         let caller = self.callers.of(req);
-        match self.client.listxattr(&caller, ino.0) {
+        match stale_if_gone(self.client.listxattr(&caller, ino.0)) {
             Ok(names) => {
                 let mut list = Vec::new();
                 for name in names {
@@ -852,13 +875,16 @@ impl Filesystem for StriaFs {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.requests.count(Op::Removexattr);
         let caller = self.callers.of(req);
-        reply_empty(reply, self.client.removexattr(&caller, ino.0, name_bytes(name)));
+        reply_empty(
+            reply,
+            stale_if_gone(self.client.removexattr(&caller, ino.0, name_bytes(name))),
+        );
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         self.requests.count(Op::Access);
         let caller = self.callers.of(req);
-        reply_empty(reply, self.client.access(&caller, ino.0, mask.bits() as u32));
+        reply_empty(reply, stale_if_gone(self.client.access(&caller, ino.0, mask.bits() as u32)));
     }
 
     fn create(

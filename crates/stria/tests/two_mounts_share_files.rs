@@ -1,7 +1,9 @@
 //! `stria mount`: a second client of a running node, mounted beside the node's own mount.
 //! What one mount writes and closes, the other reads at its next open (close-to-open), even
 //! when it had the old bytes in its page cache a moment before and its attribute cache has
-//! not expired; names made or removed through one show in the other. A wrong cluster secret
+//! not expired; names made or removed through one show in the other, and a name cached for
+//! a file removed elsewhere does not fail a create; two mounts writing interleaved records of
+//! one file leave every byte where its writer put it. A wrong cluster secret
 //! is refused with a clear error, and the command stops cleanly on SIGTERM and on `umount`.
 
 #![allow(clippy::unwrap_used)]
@@ -157,6 +159,61 @@ fn two_mounts_see_each_others_closed_files() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::fs::remove_dir(m2.join("made-on-m2")).unwrap();
+
+    // A name m2 still has cached (for 1 s) for a file m1 removed: an O_CREAT open through
+    // it makes a new file instead of failing with ENOENT on the dead inode (ESTALE makes the
+    // kernel look the name up again); a plain open then finds the new file, not the old.
+    for round in 0..3 {
+        std::fs::write(m1.join("victim"), b"old").unwrap();
+        assert_eq!(std::fs::read(m2.join("victim")).unwrap(), b"old");
+        std::fs::remove_file(m1.join("victim")).unwrap();
+        std::fs::write(m1.join("victim"), format!("renewed {round}")).unwrap();
+        let read = std::fs::read(m2.join("victim")).expect("read through a name renewed elsewhere");
+        assert_eq!(read, format!("renewed {round}").as_bytes());
+        std::fs::remove_file(m1.join("victim")).unwrap();
+    }
+    std::fs::write(m1.join("victim"), b"old").unwrap();
+    assert_eq!(std::fs::read(m2.join("victim")).unwrap(), b"old");
+    std::fs::remove_file(m1.join("victim")).unwrap();
+    let mut fresh = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(m2.join("victim"))
+        .expect("O_CREAT through a name whose file another mount removed");
+    fresh.write_all(b"new").unwrap();
+    drop(fresh);
+    assert_eq!(std::fs::read(m1.join("victim")).unwrap(), b"new");
+
+    // Two mounts write interleaved, unaligned records of one file at once: every byte is
+    // the one its writer put there, seen through both mounts.
+    const RECORD: usize = 5000;
+    const RECORDS: usize = 200;
+    let record = |i: usize| vec![(i % 251) as u8 + 1; RECORD];
+    std::fs::File::create(m1.join("interleaved")).unwrap();
+    std::thread::scope(|scope| {
+        for (first, mount) in [(0, &m1), (1, &m2)] {
+            scope.spawn(move || {
+                use std::os::unix::fs::FileExt;
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(mount.join("interleaved"))
+                    .unwrap();
+                for i in (first..RECORDS).step_by(2) {
+                    file.write_all_at(&record(i), (i * RECORD) as u64).unwrap();
+                }
+                file.sync_all().unwrap();
+            });
+        }
+    });
+    let want: Vec<u8> = (0..RECORDS).flat_map(record).collect();
+    for mount in [&m1, &m2] {
+        let got = std::fs::read(mount.join("interleaved")).unwrap();
+        assert_eq!(got.len(), want.len(), "{}: size of the shared file", mount.display());
+        let bad = (0..RECORDS)
+            .find(|&i| got[i * RECORD..(i + 1) * RECORD] != want[i * RECORD..(i + 1) * RECORD]);
+        assert_eq!(bad, None, "{}: first wrong record", mount.display());
+    }
 
     // SIGTERM unmounts and exits cleanly.
     let status = second.terminate();
