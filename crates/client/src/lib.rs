@@ -14,6 +14,7 @@
 mod data;
 mod durability;
 mod files;
+mod locks;
 mod purge;
 mod seen;
 mod transport;
@@ -117,6 +118,8 @@ struct Inner {
     watch: Arc<durability::DurabilityWatch>,
     /// The version of each file a cache in front of this client holds (see `seen`).
     seen: seen::SeenVersions,
+    /// This client's identity for byte-range locks (see `locks`).
+    locks: locks::LockSession,
 }
 
 /// The last clone of a client removes the chunks still queued for removal (see `purge`), so
@@ -157,9 +160,9 @@ impl Client {
         let purger = purge::Purger::new(meta.clone(), storage.clone());
         runtime.spawn(purger.clone().run());
         let seen = seen::SeenVersions::default();
-        Client {
-            inner: Arc::new(Inner { runtime, config, meta, storage, files, purger, watch, seen }),
-        }
+        let locks = locks::LockSession::new();
+        let inner = Inner { runtime, config, meta, storage, files, purger, watch, seen, locks };
+        Client { inner: Arc::new(inner) }
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {
@@ -664,7 +667,7 @@ fn opens_for_writing(mask: u32) -> bool {
     mask & W_OK != 0
 }
 
-fn unexpected(reply: &MetaReply) -> FsStatus {
+pub(crate) fn unexpected(reply: &MetaReply) -> FsStatus {
     tracing::error!(?reply, "metadata service sent a reply of the wrong kind");
     FsStatus::Io
 }

@@ -11,6 +11,7 @@
 
 mod caller;
 mod convert;
+mod locks;
 
 use std::ffi::OsStr;
 use std::io;
@@ -23,12 +24,12 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     AccessFlags, BsdFileFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use stria_client::Client;
 use stria_proto::fs::FsStatus;
-use stria_proto::wire::{FileKind, SetAttr, TimeSet, XattrSetMode};
+use stria_proto::wire::{FileKind, LockKind, LockRange, SetAttr, TimeSet, XattrSetMode};
 
 use caller::Callers;
 pub use caller::SQUASHED_ID;
@@ -91,6 +92,7 @@ pub struct Mount {
     session: Option<fuser::BackgroundSession>,
     requests: Arc<RequestCounts>,
     offloaded: Arc<Offloaded>,
+    lock_waiters: Arc<locks::LockWaiters>,
 }
 
 /// Most calls answered from blocking threads at once ([`StriaFs::reply_empty_after`]); past
@@ -199,6 +201,8 @@ ops! {
     Removexattr => "removexattr",
     Access => "access",
     Create => "create",
+    Getlk => "getlk",
+    Setlk => "setlk",
 }
 
 /// How many of each [`Op`] a mount has answered since it was mounted.
@@ -237,6 +241,7 @@ impl Mount {
     /// Unmounts and waits for the request threads to finish, and for the slow calls they
     /// left running on blocking threads (at most a minute).
     pub fn unmount(mut self) -> io::Result<()> {
+        self.lock_waiters.stop();
         if let Some(session) = self.session.take() {
             if session.guard.is_finished() {
                 // Unmounted from outside (umount): nothing left to unmount.
@@ -271,6 +276,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     let requests = Arc::new(RequestCounts::default());
     let offloaded = Arc::new(Offloaded::default());
     let notifier = Arc::new(std::sync::OnceLock::new());
+    let lock_waiters = Arc::new(locks::LockWaiters::default());
     let fs = StriaFs {
         requests: requests.clone(),
         offloaded: offloaded.clone(),
@@ -280,10 +286,12 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         writeback_cache: options.writeback_cache,
         callers: Callers::new(options.root_squash),
         notifier: notifier.clone(),
+        lock_holders: locks::LockHolders::default(),
+        lock_waiters: lock_waiters.clone(),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
-    Ok(Mount { session: Some(session), requests, offloaded })
+    Ok(Mount { session: Some(session), requests, offloaded, lock_waiters })
 }
 
 struct StriaFs {
@@ -296,6 +304,9 @@ struct StriaFs {
     callers: Callers,
     /// Tells the kernel to drop what it cached; set once the session runs.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Who holds byte-range locks through which handles.
+    lock_holders: locks::LockHolders,
+    lock_waiters: Arc<locks::LockWaiters>,
 }
 
 const GENERATION: Generation = Generation(0);
@@ -303,6 +314,16 @@ const GENERATION: Generation = Generation(0);
 /// `readdir` offsets: 0 starts, 1 follows `.`, 2 follows `..`; larger offsets are the
 /// metadata service's own cookies, whose real entries start above 2.
 const DIR_OFFSET_DOTDOT: u64 = 2;
+
+/// A lock type of fcntl (F_RDLCK, F_WRLCK, F_UNLCK).
+fn lock_kind(typ: i32) -> Option<LockKind> {
+    match typ {
+        libc::F_RDLCK => Some(LockKind::Read),
+        libc::F_WRLCK => Some(LockKind::Write),
+        libc::F_UNLCK => Some(LockKind::Unlock),
+        _ => None,
+    }
+}
 
 /// The result of a call on an inode the kernel named by number (not by a name in a
 /// directory): NotFound then means the inode is gone, removed through another client while
@@ -450,7 +471,8 @@ impl Filesystem for StriaFs {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_CACHE_SYMLINKS;
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_POSIX_LOCKS;
         if let Err(refused) = config.add_capabilities(wanted) {
             tracing::info!(?refused, "the kernel does not offer every FUSE capability we use");
         }
@@ -701,12 +723,18 @@ impl Filesystem for StriaFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Flush);
+        // A process closing a file drops its byte-range locks on it (POSIX).
+        if self.lock_holders.owner_closed(ino.0, lock_owner.0)
+            && let Err(e) = self.client.release_locks(ino.0, lock_owner.0)
+        {
+            tracing::warn!(ino = ino.0, %e, "dropping the byte-range locks of a closing process");
+        }
         let slow = self.client.has_queued_writes(fh.0);
         self.reply_empty_after(slow, reply, move |client| client.flush(fh.0));
     }
@@ -714,7 +742,7 @@ impl Filesystem for StriaFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -722,8 +750,79 @@ impl Filesystem for StriaFs {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Release);
+        for owner in self.lock_holders.handle_released(ino.0, fh.0) {
+            if let Err(e) = self.client.release_locks(ino.0, owner) {
+                tracing::warn!(ino = ino.0, %e, "dropping the byte-range locks of a closed handle");
+            }
+        }
         let slow = self.client.has_queued_writes(fh.0);
         self.reply_empty_after(slow, reply, move |client| client.release(fh.0));
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.requests.count(Op::Getlk);
+        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let range = LockRange { start, end };
+        match self.client.getlk(ino.0, lock_owner.0, range, kind) {
+            Ok(Some(holder)) => {
+                let typ =
+                    if holder.kind == LockKind::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(holder.range.start, holder.range.end, typ, holder.pid)
+            }
+            // Nothing in the way: the request comes back as F_UNLCK.
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
+            Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(Op::Setlk);
+        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let range = LockRange { start, end };
+        if kind != LockKind::Unlock {
+            // Noted before the lock is asked for, so a close racing with it drops it too.
+            self.lock_holders.took(ino.0, lock_owner.0, fh.0);
+        }
+        let (ino, owner) = (ino.0, lock_owner.0);
+        if !sleep {
+            return reply_empty(reply, self.client.setlk(ino, owner, pid, range, kind, None));
+        }
+        // F_SETLKW waits on a thread of its own until the lock is free, the waiting process
+        // has a signal to take, or the mount goes away.
+        let Some(slot) = self.lock_waiters.start() else { return reply.error(Errno::ENOLCK) };
+        let (client, waiters, waiter) = (self.client.clone(), self.lock_waiters.clone(), req.pid());
+        let spawned = std::thread::Builder::new().name("stria-lockwait".into()).spawn(move || {
+            let gave_up = || waiters.stopping() || locks::waiter_gave_up(waiter);
+            reply_empty(reply, client.setlk(ino, owner, pid, range, kind, Some(&gave_up)));
+            drop(slot);
+        });
+        if let Err(e) = spawned {
+            // The reply went with the closure: fuser answers a dropped reply with EIO.
+            tracing::error!(%e, "no thread for a byte-range lock wait");
+        }
     }
 
     fn fsync(

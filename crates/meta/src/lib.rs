@@ -8,6 +8,7 @@
 
 mod data;
 mod error;
+pub mod locks;
 mod names;
 mod namespace;
 mod perm;
@@ -120,6 +121,8 @@ pub struct Meta {
     /// The snapshot of the last commit, shared by the readers that find no batch open, with
     /// the tables they opened in it; dropped by every commit (see [`Meta::snapshot`]).
     snapshot: Mutex<Option<Arc<Rx<'static>>>>,
+    /// Byte-range locks of every client (memory only, see `locks`).
+    locks: locks::LockTable,
 }
 
 /// In [`Commit::Lazy`] mode at least every this many mutations one commit is durable: redb
@@ -189,6 +192,7 @@ impl Meta {
             batch: Mutex::new(Batch::default()),
             batch_open: AtomicBool::new(false),
             snapshot: Mutex::new(None),
+            locks: locks::LockTable::default(),
         };
         meta.init()?;
         Ok(meta)
@@ -247,6 +251,11 @@ impl Meta {
     }
 
     /// Makes every committed mutation durable (for [`Commit::Lazy`]).
+    /// The byte-range locks of every client.
+    pub fn locks(&self) -> &locks::LockTable {
+        &self.locks
+    }
+
     pub fn sync(&self) -> Result<()> {
         let mut batch = self.lock_batch();
         // In lazy mode the batch is committed lazily, then made durable by an empty durable

@@ -57,6 +57,10 @@ impl OpCounts {
     }
 }
 
+fn lock_error(status: FsStatus) -> MetaError {
+    MetaError::Fs { status, context: "byte-range lock" }
+}
+
 /// The metadata service: a [`Meta`] behind the RPC [`Service`] interface.
 #[derive(Clone)]
 pub struct MetaService {
@@ -230,6 +234,26 @@ impl MetaService {
                 let plan = crate::SpillPlan { ino, bytes: Vec::new(), layout, version };
                 meta.spill_commit(&plan)?;
                 self.attr(meta.getattr(ino)?)?
+            }
+            MetaRequest::GetLock { ino, owner, range, kind } => {
+                meta.getattr(ino)?;
+                let holder = meta.locks().test(ino, owner, range, kind);
+                MetaReply::Lock(holder.map_err(lock_error)?)
+            }
+            MetaRequest::SetLock { ino, owner, pid, range, kind } => {
+                if kind != wire::LockKind::Unlock {
+                    meta.getattr(ino)?;
+                }
+                meta.locks().set(ino, owner, pid, range, kind).map_err(lock_error)?;
+                MetaReply::Done
+            }
+            MetaRequest::ReleaseLocks { ino, owner } => {
+                meta.locks().release_owner(ino, owner);
+                MetaReply::Done
+            }
+            MetaRequest::RenewLocks { client } => {
+                meta.locks().renew(client);
+                MetaReply::Done
             }
             MetaRequest::ExtendSize { ino, size, mtime } => {
                 meta.extend_size(ino, size, mtime)?;

@@ -150,11 +150,17 @@ pub enum FsStatus {
     NotSupported = 21,
     Stale = 22,
     Quota = 23,
+    /// A byte-range lock another owner holds (F_SETLK's EAGAIN).
+    LockConflict = 24,
+    /// A wait (F_SETLKW) ended by a signal to the waiting process.
+    Interrupted = 25,
+    /// No room for another byte-range lock.
+    NoLocks = 26,
 }
 
 impl FsStatus {
     /// Every status, in code order.
-    pub const ALL: [FsStatus; 23] = [
+    pub const ALL: [FsStatus; 26] = [
         FsStatus::NotFound,
         FsStatus::Exists,
         FsStatus::NotDir,
@@ -178,6 +184,9 @@ impl FsStatus {
         FsStatus::NotSupported,
         FsStatus::Stale,
         FsStatus::Quota,
+        FsStatus::LockConflict,
+        FsStatus::Interrupted,
+        FsStatus::NoLocks,
     ];
 
     /// The Linux errno the FUSE mount returns for this status.
@@ -206,6 +215,9 @@ impl FsStatus {
             FsStatus::NotSupported => 95, // EOPNOTSUPP
             FsStatus::Stale => 116,       // ESTALE
             FsStatus::Quota => 122,       // EDQUOT
+            FsStatus::LockConflict => 11, // EAGAIN
+            FsStatus::Interrupted => 4,   // EINTR
+            FsStatus::NoLocks => 37,      // ENOLCK
         }
     }
 }
@@ -236,6 +248,9 @@ impl fmt::Display for FsStatus {
             FsStatus::NotSupported => "operation not supported",
             FsStatus::Stale => "stale file handle",
             FsStatus::Quota => "quota exceeded",
+            FsStatus::LockConflict => "the range is locked by another owner",
+            FsStatus::Interrupted => "interrupted",
+            FsStatus::NoLocks => "no locks available",
         };
         f.write_str(text)
     }

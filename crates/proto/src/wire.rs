@@ -407,6 +407,71 @@ pub enum MetaRequest {
         size: u64,
         mtime: Timestamp,
     },
+    /// F_GETLK: the first lock of another owner that would keep `owner` from taking `kind`
+    /// (`Read` or `Write`) over `range` (`Lock(None)`: none would).
+    GetLock {
+        ino: Ino,
+        owner: LockOwnerId,
+        range: LockRange,
+        kind: LockKind,
+    },
+    /// F_SETLK: takes `kind` over `range` for `owner`, or with `Unlock` drops the owner's
+    /// locks there; `LockConflict` while another owner holds a conflicting lock.
+    SetLock {
+        ino: Ino,
+        owner: LockOwnerId,
+        pid: u32,
+        range: LockRange,
+        kind: LockKind,
+    },
+    /// Drops every lock `owner` holds on the file (its process closed the file).
+    ReleaseLocks {
+        ino: Ino,
+        owner: LockOwnerId,
+    },
+    /// Keeps the locks of `client` for another lease (see `meta::locks`).
+    RenewLocks {
+        client: u64,
+    },
+}
+
+/// How long the metadata service keeps a client's byte-range locks without hearing from it.
+pub const LOCK_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a client that holds locks renews its lease (a third of it: two renewals may be
+/// lost before the locks are).
+pub const LOCK_RENEW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A byte-range lock's kind, as F_RDLCK, F_WRLCK and F_UNLCK.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// Who holds a lock: a client (the random id it picked at start) and the owner within it
+/// (the kernel's lock owner: one per process, for POSIX locks).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct LockOwnerId {
+    pub client: u64,
+    pub owner: u64,
+}
+
+/// Bytes `start..=end` of a file; `end` `u64::MAX` reaches past any end of file.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LockRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A lock someone holds, as F_GETLK reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LockHolder {
+    pub range: LockRange,
+    /// `Read` or `Write`.
+    pub kind: LockKind,
+    /// The holder's process id, on its own machine.
+    pub pid: u32,
 }
 
 impl MetaRequest {
@@ -446,7 +511,11 @@ impl MetaRequest {
             | MetaRequest::StatFs
             | MetaRequest::GetLayoutPolicy { .. }
             | MetaRequest::Sync
-            | MetaRequest::Analytics { .. } => Vec::new(),
+            | MetaRequest::Analytics { .. }
+            | MetaRequest::GetLock { .. }
+            | MetaRequest::SetLock { .. }
+            | MetaRequest::ReleaseLocks { .. }
+            | MetaRequest::RenewLocks { .. } => Vec::new(),
         }
     }
 
@@ -468,6 +537,10 @@ impl MetaRequest {
                     | MetaRequest::SetFileLayout { .. }
                     | MetaRequest::SetLayoutPolicy { .. }
                     | MetaRequest::Sync
+                    | MetaRequest::GetLock { .. }
+                    | MetaRequest::SetLock { .. }
+                    | MetaRequest::ReleaseLocks { .. }
+                    | MetaRequest::RenewLocks { .. }
             )
     }
 
@@ -522,6 +595,10 @@ impl MetaRequest {
             MetaRequest::SetLayoutPolicy { .. } => "set_layout_policy",
             MetaRequest::Sync => "sync",
             MetaRequest::Analytics { .. } => "analytics",
+            MetaRequest::GetLock { .. } => "getlk",
+            MetaRequest::SetLock { .. } => "setlk",
+            MetaRequest::ReleaseLocks { .. } => "release_locks",
+            MetaRequest::RenewLocks { .. } => "renew_locks",
         }
     }
 }
@@ -554,6 +631,7 @@ pub enum MetaReply {
     Policy(LayoutPolicy),
     Done,
     Analytics(Analytics),
+    Lock(Option<LockHolder>),
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

@@ -11,85 +11,15 @@
 mod support;
 
 use std::io::{Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::node::{Node, STRIA, is_mounted, pattern, require_fuse, scratch};
+use support::node::{Node, STRIA, SecondMount, is_mounted, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
 const FILE_BYTES: usize = 1 << 20;
 const REWRITE_BYTES: usize = 200_000;
-
-/// A `stria mount` process; killed and its mount detached if the test fails.
-struct SecondMount {
-    child: Option<Child>,
-    path: PathBuf,
-    log: PathBuf,
-}
-
-impl SecondMount {
-    fn start(node: &Node, path: &Path) -> SecondMount {
-        let log = path.with_extension("log");
-        let child = Command::new(STRIA)
-            .arg("mount")
-            .arg(path)
-            .arg("--data")
-            .arg(&node.data)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut mount = SecondMount { child: Some(child), path: path.to_path_buf(), log };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !is_mounted(path) {
-            if let Some(status) = mount.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("stria mount exited with {status}: {}", mount.stderr());
-            }
-            assert!(Instant::now() < deadline, "stria mount not mounted after 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        mount
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the process to end by itself; its exit status.
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let child = self.child.as_mut().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status;
-            }
-            assert!(Instant::now() < deadline, "stria mount still running after 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = self.child.as_ref().unwrap().id();
-        // SAFETY: kill with a valid pid and signal.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        self.wait_exit()
-    }
-}
-
-impl Drop for SecondMount {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if is_mounted(&self.path) {
-            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-        }
-    }
-}
 
 /// Overwrites `bytes` at `offset` of `path` in place (no truncate) and closes it.
 fn overwrite(path: &Path, offset: u64, bytes: &[u8]) {

@@ -259,3 +259,73 @@ pub fn native_client(node: &Node) -> (stria_client::Client, tokio::runtime::Runt
     let config = ClientConfig::new(addr("meta"), routes).with_secret(secret);
     (Client::new(runtime.handle().clone(), config), runtime)
 }
+
+/// A `stria mount` process; killed and its mount detached if the test fails.
+pub struct SecondMount {
+    child: Option<Child>,
+    pub path: PathBuf,
+    log: PathBuf,
+}
+
+impl SecondMount {
+    pub fn start(node: &Node, path: &Path) -> SecondMount {
+        let log = path.with_extension("log");
+        let child = Command::new(STRIA)
+            .arg("mount")
+            .arg(path)
+            .arg("--data")
+            .arg(&node.data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut mount = SecondMount { child: Some(child), path: path.to_path_buf(), log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(path) {
+            if let Some(status) = mount.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("stria mount exited with {status}: {}", mount.stderr());
+            }
+            assert!(Instant::now() < deadline, "stria mount not mounted after 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        mount
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to end by itself; its exit status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "stria mount still running after 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.as_ref().unwrap().id();
+        // SAFETY: kill with a valid pid and signal.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        self.wait_exit()
+    }
+}
+
+impl Drop for SecondMount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if is_mounted(&self.path) {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+    }
+}

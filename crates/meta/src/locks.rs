@@ -1,0 +1,333 @@
+//! POSIX byte-range locks (fcntl F_GETLK / F_SETLK / F_SETLKW) shared by every client of the
+//! namespace, so processes on different mounts exclude each other as processes on one
+//! machine do.
+//!
+//! Locks live in memory only: they are advisory, belong to running processes, and a
+//! restarted metadata service starts with none (as an NFS server without a grace period).
+//! Each lock belongs to an owner within a client ([`LockOwnerId`]); a client whose lease
+//! ([`LOCK_LEASE`]) runs out without a renewal, because it crashed or lost the network, loses
+//! all its locks, so a dead client cannot block the others for ever. A client renews its
+//! lease with every lock request and, while it holds locks, every `LOCK_RENEW`.
+//!
+//! Semantics are POSIX's: a read lock conflicts with another owner's write lock, a write lock
+//! with any lock of another owner; an owner's new lock replaces its own locks over the range
+//! (upgrading or downgrading them), unlocking a middle part splits a lock in two, and the
+//! owner's adjacent locks of one kind merge.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use stria_proto::fs::{FsStatus, Ino};
+use stria_proto::wire::{LOCK_LEASE, LockHolder, LockKind, LockOwnerId, LockRange};
+
+/// Most locks held at once, over every file and client; past it a new lock is refused
+/// (ENOLCK).
+pub const LOCKS_MAX: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    owner: LockOwnerId,
+    pid: u32,
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+impl Held {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+
+    fn holder(&self) -> LockHolder {
+        LockHolder {
+            range: LockRange { start: self.start, end: self.end },
+            kind: if self.write { LockKind::Write } else { LockKind::Read },
+            pid: self.pid,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Locks {
+    by_ino: HashMap<Ino, Vec<Held>>,
+    /// When each client holding locks was last heard from.
+    leases: HashMap<u64, Instant>,
+    count: usize,
+}
+
+/// Every byte-range lock of the namespace.
+#[derive(Debug)]
+pub struct LockTable {
+    locks: Mutex<Locks>,
+    lease: Duration,
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        LockTable::with_lease(LOCK_LEASE)
+    }
+}
+
+impl LockTable {
+    /// A table whose clients lose their locks after `lease` without a word.
+    pub fn with_lease(lease: Duration) -> LockTable {
+        LockTable { locks: Mutex::default(), lease }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Locks> {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock that keeps `owner` from taking `kind` over `range`, if any (F_GETLK).
+    pub fn test(
+        &self,
+        ino: Ino,
+        owner: LockOwnerId,
+        range: LockRange,
+        kind: LockKind,
+    ) -> Result<Option<LockHolder>, FsStatus> {
+        check_range(range)?;
+        let mut locks = self.lock();
+        locks.heard_from(owner.client, self.lease);
+        if kind == LockKind::Unlock {
+            return Ok(None);
+        }
+        let write = kind == LockKind::Write;
+        Ok(locks.conflict(ino, owner, range, write).map(|h| h.holder()))
+    }
+
+    /// Takes `kind` over `range` for `owner`, or drops the owner's locks there (`Unlock`)
+    /// (F_SETLK). `LockConflict` while another owner holds a conflicting lock.
+    pub fn set(
+        &self,
+        ino: Ino,
+        owner: LockOwnerId,
+        pid: u32,
+        range: LockRange,
+        kind: LockKind,
+    ) -> Result<(), FsStatus> {
+        check_range(range)?;
+        let mut locks = self.lock();
+        locks.heard_from(owner.client, self.lease);
+        let write = match kind {
+            LockKind::Unlock => {
+                locks.cut(ino, owner, range);
+                return Ok(());
+            }
+            LockKind::Read => false,
+            LockKind::Write => true,
+        };
+        if locks.conflict(ino, owner, range, write).is_some() {
+            return Err(FsStatus::LockConflict);
+        }
+        // An owner's lock may split one of its own in two: at most two more.
+        if locks.count + 2 > LOCKS_MAX {
+            return Err(FsStatus::NoLocks);
+        }
+        locks.cut(ino, owner, range);
+        locks.insert(ino, Held { owner, pid, start: range.start, end: range.end, write });
+        Ok(())
+    }
+
+    /// Drops every lock `owner` holds on `ino` (its process closed the file).
+    pub fn release_owner(&self, ino: Ino, owner: LockOwnerId) {
+        let mut locks = self.lock();
+        locks.heard_from(owner.client, self.lease);
+        locks.cut(ino, owner, LockRange { start: 0, end: u64::MAX });
+    }
+
+    /// Keeps `client`'s locks for another lease.
+    pub fn renew(&self, client: u64) {
+        self.lock().heard_from(client, self.lease);
+    }
+
+    /// Locks held now, over every file.
+    pub fn count(&self) -> usize {
+        self.lock().count
+    }
+}
+
+fn check_range(range: LockRange) -> Result<(), FsStatus> {
+    if range.start > range.end {
+        return Err(FsStatus::Invalid);
+    }
+    Ok(())
+}
+
+impl Locks {
+    /// Renews `client`'s lease, and drops the locks of every client whose lease ran out.
+    fn heard_from(&mut self, client: u64, lease: Duration) {
+        let now = Instant::now();
+        let expired: Vec<u64> = self
+            .leases
+            .iter()
+            .filter(|&(&c, &at)| c != client && now.duration_since(at) > lease)
+            .map(|(&c, _)| c)
+            .collect();
+        for gone in expired {
+            tracing::warn!(client = gone, "a client's lock lease ran out: its locks are dropped");
+            self.leases.remove(&gone);
+            let mut dropped = 0;
+            self.by_ino.retain(|_, held| {
+                let before = held.len();
+                held.retain(|h| h.owner.client != gone);
+                dropped += before - held.len();
+                !held.is_empty()
+            });
+            self.count -= dropped;
+        }
+        self.leases.insert(client, now);
+    }
+
+    fn conflict(
+        &self,
+        ino: Ino,
+        owner: LockOwnerId,
+        range: LockRange,
+        write: bool,
+    ) -> Option<&Held> {
+        self.by_ino
+            .get(&ino)?
+            .iter()
+            .find(|h| h.owner != owner && h.overlaps(range.start, range.end) && (write || h.write))
+    }
+
+    /// Removes `owner`'s coverage of `range` on `ino`, keeping the parts of its locks outside.
+    fn cut(&mut self, ino: Ino, owner: LockOwnerId, range: LockRange) {
+        let Some(held) = self.by_ino.get_mut(&ino) else { return };
+        let before = held.len();
+        let mut kept = Vec::with_capacity(held.len() + 1);
+        for h in held.drain(..) {
+            if h.owner != owner || !h.overlaps(range.start, range.end) {
+                kept.push(h);
+                continue;
+            }
+            if h.start < range.start {
+                kept.push(Held { end: range.start - 1, ..h });
+            }
+            if h.end > range.end {
+                kept.push(Held { start: range.end + 1, ..h });
+            }
+        }
+        *held = kept;
+        let after = held.len();
+        if held.is_empty() {
+            self.by_ino.remove(&ino);
+        }
+        self.count = self.count + after - before;
+    }
+
+    /// Adds `new` (whose range the owner holds nothing of), merged with the owner's adjacent
+    /// locks of the same kind.
+    fn insert(&mut self, ino: Ino, mut new: Held) {
+        let held = self.by_ino.entry(ino).or_default();
+        let before = held.len();
+        held.retain(|h| {
+            let adjacent = h.owner == new.owner
+                && h.write == new.write
+                && (h.end.checked_add(1) == Some(new.start)
+                    || new.end.checked_add(1) == Some(h.start));
+            if adjacent {
+                new.start = new.start.min(h.start);
+                new.end = new.end.max(h.end);
+            }
+            !adjacent
+        });
+        held.push(new);
+        self.count = self.count + held.len() - before;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const A: LockOwnerId = LockOwnerId { client: 1, owner: 10 };
+    const B: LockOwnerId = LockOwnerId { client: 2, owner: 10 };
+    /// Same client as A, another process.
+    const A2: LockOwnerId = LockOwnerId { client: 1, owner: 11 };
+
+    fn r(start: u64, end: u64) -> LockRange {
+        LockRange { start, end }
+    }
+
+    #[test]
+    fn reads_share_writes_exclude_and_owners_never_block_themselves() {
+        let t = LockTable::default();
+        t.set(1, A, 100, r(0, 99), LockKind::Read).unwrap();
+        t.set(1, B, 200, r(50, 149), LockKind::Read).unwrap();
+        assert_eq!(t.set(1, B, 200, r(90, 95), LockKind::Write), Err(FsStatus::LockConflict));
+        assert_eq!(t.set(1, A2, 300, r(0, 0), LockKind::Write), Err(FsStatus::LockConflict));
+        // A upgrades over its own read lock where nobody else reads.
+        t.set(1, A, 100, r(0, 49), LockKind::Write).unwrap();
+        let seen = t.test(1, B, r(0, 10), LockKind::Read).unwrap().unwrap();
+        assert_eq!((seen.range, seen.kind, seen.pid), (r(0, 49), LockKind::Write, 100));
+        assert_eq!(t.test(1, B, r(150, 200), LockKind::Write).unwrap(), None);
+        // Other files are independent.
+        t.set(2, B, 200, r(0, u64::MAX), LockKind::Write).unwrap();
+        assert_eq!(t.count(), 4);
+    }
+
+    #[test]
+    fn unlocking_the_middle_splits_and_neighbours_merge() {
+        let t = LockTable::default();
+        t.set(1, A, 1, r(0, 99), LockKind::Write).unwrap();
+        t.set(1, A, 1, r(40, 59), LockKind::Unlock).unwrap();
+        assert_eq!(t.count(), 2);
+        t.set(1, B, 2, r(40, 59), LockKind::Write).unwrap();
+        assert_eq!(t.set(1, B, 2, r(39, 39), LockKind::Read), Err(FsStatus::LockConflict));
+        assert_eq!(t.set(1, B, 2, r(60, 60), LockKind::Read), Err(FsStatus::LockConflict));
+        t.set(1, B, 2, r(40, 59), LockKind::Unlock).unwrap();
+        // Filling the hole merges A's three pieces into one.
+        t.set(1, A, 1, r(40, 59), LockKind::Write).unwrap();
+        assert_eq!(t.count(), 1);
+        let seen = t.test(1, B, r(0, u64::MAX), LockKind::Read).unwrap().unwrap();
+        assert_eq!(seen.range, r(0, 99));
+        // A lock to the end of every file, then a downgrade of its tail.
+        t.set(1, A, 1, r(100, u64::MAX), LockKind::Write).unwrap();
+        t.set(1, A, 1, r(1000, u64::MAX), LockKind::Read).unwrap();
+        t.set(1, B, 2, r(5000, 6000), LockKind::Read).unwrap();
+        assert_eq!(t.set(1, B, 2, r(999, 999), LockKind::Read), Err(FsStatus::LockConflict));
+    }
+
+    #[test]
+    fn a_closing_owner_drops_its_locks_only() {
+        let t = LockTable::default();
+        t.set(1, A, 1, r(0, 9), LockKind::Write).unwrap();
+        t.set(1, A2, 2, r(10, 19), LockKind::Write).unwrap();
+        t.set(3, A, 1, r(0, 9), LockKind::Write).unwrap();
+        t.release_owner(1, A);
+        assert_eq!(t.count(), 2);
+        t.set(1, B, 3, r(0, 9), LockKind::Write).unwrap();
+        assert_eq!(t.set(1, B, 3, r(10, 10), LockKind::Read), Err(FsStatus::LockConflict));
+        assert_eq!(t.set(3, B, 3, r(0, 0), LockKind::Read), Err(FsStatus::LockConflict));
+    }
+
+    #[test]
+    fn a_silent_client_loses_its_locks_when_its_lease_runs_out() {
+        let t = LockTable::default();
+        t.set(1, A, 1, r(0, 9), LockKind::Write).unwrap();
+        let ago = |secs| Instant::now().checked_sub(Duration::from_secs(secs)).unwrap();
+        // Last heard from 20 s ago: still within its 30 s lease.
+        t.lock().leases.insert(A.client, ago(20));
+        assert_eq!(t.set(1, B, 2, r(0, 9), LockKind::Read), Err(FsStatus::LockConflict));
+        // A renewal keeps the locks however long ago the last word was.
+        t.lock().leases.insert(A.client, ago(40));
+        t.renew(A.client);
+        assert_eq!(t.set(1, B, 2, r(0, 9), LockKind::Read), Err(FsStatus::LockConflict));
+        // Silent past the lease: the next request of anyone drops A's locks.
+        t.lock().leases.insert(A.client, ago(31));
+        t.set(1, B, 2, r(0, 9), LockKind::Read).unwrap();
+        assert_eq!(t.count(), 1, "A's lock is gone");
+        assert!(!t.lock().leases.contains_key(&A.client));
+    }
+
+    #[test]
+    fn bad_ranges_are_refused() {
+        let t = LockTable::default();
+        assert_eq!(t.set(1, A, 1, r(10, 9), LockKind::Write), Err(FsStatus::Invalid));
+        assert_eq!(t.test(1, A, r(10, 9), LockKind::Read), Err(FsStatus::Invalid));
+    }
+}
