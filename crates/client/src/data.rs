@@ -209,7 +209,8 @@ async fn write_inline(inner: &Inner, inode: &InodeData, offset: u64, bytes: &[u8
     let MetaReply::Attr(attr) = reply else {
         return Err(unexpected(&reply));
     };
-    inner.seen.note_attr(&attr);
+    // The version before this write is unknown here: the next open checks.
+    inner.seen.forget(inode.ino);
     let mut state = inode.state();
     state.size = attr.size.max(if state.size_dirty { state.size } else { 0 });
     Ok(())
@@ -520,17 +521,21 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
     }
     if dirty {
         let extend = MetaRequest::ExtendSize { ino: file.ino, size, mtime };
-        match inner.meta.call(extend.clone()).await {
+        let reply = match inner.meta.call(extend.clone()).await {
             // The service has the file inline again (see `recommit_spill`).
             Err(FsStatus::Invalid) if let Some(layout) = &layout => {
                 recommit_spill(inner, file.ino, layout).await?;
-                inner.meta.call(extend).await?;
+                inner.meta.call(extend).await?
             }
-            done => {
-                done?;
+            done => done?,
+        };
+        match reply {
+            MetaReply::Extended { size_before, mtime_before } => {
+                let after = (size.max(size_before), mtime);
+                inner.seen.advance(file.ino, (size_before, mtime_before), after);
             }
+            _ => inner.seen.forget(file.ino),
         }
-        inner.seen.note(file.ino, size, mtime);
         let mut state = inode.state();
         // A write that came meanwhile is for the next flush.
         if state.size == size && state.mtime == mtime {

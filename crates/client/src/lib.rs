@@ -223,7 +223,8 @@ impl Client {
         {
             self.block(data::trim(&self.inner, ino, layout, attr.size))?;
         }
-        self.inner.seen.note_attr(&attr);
+        // Which version the change replaced is not known here: the next open checks.
+        self.inner.seen.forget(ino);
         Ok(self.inner.files.overlay(attr, since))
     }
 

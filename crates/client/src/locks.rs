@@ -43,8 +43,13 @@ async fn renew(meta: Weak<MetaConn>, client: u64) {
     loop {
         tokio::time::sleep(LOCK_RENEW).await;
         let Some(meta) = meta.upgrade() else { return };
-        if let Err(e) = meta.call(MetaRequest::RenewLocks { client }).await {
-            tracing::warn!(%e, "renewing this client's byte-range lock lease");
+        match meta.call(MetaRequest::RenewLocks { client }).await {
+            Ok(_) => {}
+            Err(FsStatus::Stale) => tracing::error!(
+                "this client was not heard from for a whole lock lease: the metadata service \
+                 dropped every byte-range lock it held, and processes here are not told"
+            ),
+            Err(e) => tracing::warn!(%e, "renewing this client's byte-range lock lease"),
         }
     }
 }

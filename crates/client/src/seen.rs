@@ -3,9 +3,11 @@
 //! since: close-to-open consistency between clients.
 //!
 //! A version is the file's size and mtime as the metadata service has them. The client
-//! notes the version its own changes leave (a published size, an inline write, a setattr, a
-//! create) and the version each open finds; an open that finds another version than the one
-//! noted knows the cache is stale. mtime carries nanoseconds and is set by the writer, so two
+//! notes the version each open finds and the one its own changes leave when it knows the
+//! cache held the version before them (a published size, checked against the version the
+//! service reports it replaced; a file it created); a change whose version before is unknown
+//! (an inline write, a setattr) drops the record. An open that finds another version than the
+//! one noted knows the cache is stale. mtime carries nanoseconds and is set by the writer, so two
 //! different contents with one version would take two writers in the same nanosecond.
 
 use std::collections::HashMap;
@@ -39,6 +41,18 @@ impl SeenVersions {
 
     pub fn note_attr(&self, attr: &Attr) {
         self.note(attr.ino, attr.size, attr.mtime);
+    }
+
+    /// This client changed `ino` from version `before` (as the metadata service had it just
+    /// before the change) to `after`. The cache holds `after` only if it held `before`: a
+    /// change another client made in between stays unseen, so the record is dropped.
+    pub fn advance(&self, ino: Ino, before: (u64, Timestamp), after: (u64, Timestamp)) {
+        let mut versions = self.lock();
+        if versions.get(&ino) == Some(&before) {
+            versions.insert(ino, after);
+        } else {
+            versions.remove(&ino);
+        }
     }
 
     /// Whether the version in `attr` (fresh from the metadata service) is the one noted for
@@ -93,8 +107,13 @@ mod tests {
         assert!(seen.is_current(&attr(7, 10, 1, 5)), "the open noted what it found");
         assert!(!seen.is_current(&attr(7, 10, 1, 6)), "another client wrote: new mtime");
         assert!(!seen.is_current(&attr(7, 11, 1, 6)), "same mtime, other size");
-        seen.note(7, 20, Timestamp { secs: 2, nanos: 0 });
+        let (v1, v2) =
+            ((11, Timestamp { secs: 1, nanos: 6 }), (20, Timestamp { secs: 2, nanos: 0 }));
+        seen.advance(7, v1, v2);
         assert!(seen.is_current(&attr(7, 20, 2, 0)), "this client's own change");
+        let v3 = (30, Timestamp { secs: 3, nanos: 0 });
+        seen.advance(7, v1, v3);
+        assert!(!seen.is_current(&attr(7, 30, 3, 0)), "another change came in between");
         seen.forget(7);
         assert!(!seen.is_current(&attr(7, 20, 2, 0)), "forgotten: nothing noted");
     }

@@ -286,7 +286,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         writeback_cache: options.writeback_cache,
         callers: Callers::new(options.root_squash),
         notifier: notifier.clone(),
-        lock_holders: locks::LockHolders::default(),
+        lock_holders: Arc::default(),
         lock_waiters: lock_waiters.clone(),
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
@@ -305,7 +305,7 @@ struct StriaFs {
     /// Tells the kernel to drop what it cached; set once the session runs.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Who holds byte-range locks through which handles.
-    lock_holders: locks::LockHolders,
+    lock_holders: Arc<locks::LockHolders>,
     lock_waiters: Arc<locks::LockWaiters>,
 }
 
@@ -430,9 +430,7 @@ impl StriaFs {
         }
         if let Some(notifier) = self.notifier.get()
             && let Err(e) = notifier.inval_inode(INodeNo(attr.ino), -1, 0)
-            && e.raw_os_error() != Some(libc::ENOENT)
         {
-            // ENOENT: the kernel holds nothing of the inode.
             tracing::debug!(ino = attr.ino, error = %e, "invalidating cached attributes");
         }
         false
@@ -659,9 +657,6 @@ impl Filesystem for StriaFs {
         self.requests.count(Op::Open);
         let caller = self.callers.of(req);
         match stale_if_gone(self.client.open(&caller, ino.0, Self::open_mask(flags.0))) {
-            // Keep the page cache: the kernel drops cached pages itself when refreshed
-            // attributes show another size or mtime (not with the writeback cache, see
-            // `MountOptions::writeback_cache`).
             // A file with no name left that this mount had no handle of was reached through
             // a name cached here after another client removed it (or replaced it, as editors
             // and rsync do), and its last handle elsewhere keeps it alive for now: the name
@@ -675,6 +670,7 @@ impl Filesystem for StriaFs {
                 let _ = self.client.release(fh);
                 reply.error(errno(FsStatus::Stale));
             }
+            // Cached pages are kept unless another client changed the file (`revalidate`).
             Ok((fh, attr)) => {
                 let current = self.revalidate(&attr);
                 reply.opened(FileHandle(fh), Self::open_flags(flags.0, current))
@@ -729,14 +725,17 @@ impl Filesystem for StriaFs {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Flush);
-        // A process closing a file drops its byte-range locks on it (POSIX).
-        if self.lock_holders.owner_closed(ino.0, lock_owner.0)
-            && let Err(e) = self.client.release_locks(ino.0, lock_owner.0)
-        {
-            tracing::warn!(ino = ino.0, %e, "dropping the byte-range locks of a closing process");
-        }
+        // A process closing a file drops its byte-range locks on it (POSIX), once its writes
+        // are published: whoever takes the lock next reads them.
+        let unlock = self.lock_holders.owner_closed(ino.0, lock_owner.0);
         let slow = self.client.has_queued_writes(fh.0);
-        self.reply_empty_after(slow, reply, move |client| client.flush(fh.0));
+        self.reply_empty_after(slow, reply, move |client| {
+            let flushed = client.flush(fh.0);
+            if unlock {
+                locks::release_locks(client, ino.0, lock_owner.0);
+            }
+            flushed
+        });
     }
 
     fn release(
@@ -750,13 +749,15 @@ impl Filesystem for StriaFs {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Release);
-        for owner in self.lock_holders.handle_released(ino.0, fh.0) {
-            if let Err(e) = self.client.release_locks(ino.0, owner) {
-                tracing::warn!(ino = ino.0, %e, "dropping the byte-range locks of a closed handle");
-            }
-        }
+        let unlock = self.lock_holders.handle_released(ino.0, fh.0);
         let slow = self.client.has_queued_writes(fh.0);
-        self.reply_empty_after(slow, reply, move |client| client.release(fh.0));
+        self.reply_empty_after(slow, reply, move |client| {
+            let released = client.release(fh.0);
+            for owner in unlock {
+                locks::release_locks(client, ino.0, owner);
+            }
+            released
+        });
     }
 
     fn getlk(
@@ -778,7 +779,10 @@ impl Filesystem for StriaFs {
             Ok(Some(holder)) => {
                 let typ =
                     if holder.kind == LockKind::Write { libc::F_WRLCK } else { libc::F_RDLCK };
-                reply.locked(holder.range.start, holder.range.end, typ, holder.pid)
+                // The kernel refuses (EIO) offsets past i64::MAX, its own "to the end of the
+                // file": a lock the client library took to u64::MAX is reported as that.
+                let end = holder.range.end.min(i64::MAX as u64);
+                reply.locked(holder.range.start.min(end), end, typ, holder.pid)
             }
             // Nothing in the way: the request comes back as F_UNLCK.
             Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
@@ -802,21 +806,40 @@ impl Filesystem for StriaFs {
         self.requests.count(Op::Setlk);
         let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
         let range = LockRange { start, end };
-        if kind != LockKind::Unlock {
-            // Noted before the lock is asked for, so a close racing with it drops it too.
-            self.lock_holders.took(ino.0, lock_owner.0, fh.0);
+        let (ino, owner, fh) = (ino.0, lock_owner.0, fh.0);
+        if kind == LockKind::Unlock {
+            // What this handle wrote under the lock is published before another client can
+            // take it (as NFS flushes at unlock).
+            let slow = self.client.has_queued_writes(fh);
+            return self.reply_empty_after(slow, reply, move |client| {
+                let flushed = client.flush(fh);
+                let unlocked = client.setlk(ino, owner, pid, range, kind, None);
+                flushed.and(unlocked)
+            });
         }
-        let (ino, owner) = (ino.0, lock_owner.0);
+        self.lock_holders.asking(ino, owner, fh);
         if !sleep {
-            return reply_empty(reply, self.client.setlk(ino, owner, pid, range, kind, None));
+            let result = self.client.setlk(ino, owner, pid, range, kind, None);
+            let (holders, notifier) = (&self.lock_holders, self.notifier.get());
+            return reply_empty(
+                reply,
+                locks::taken(&self.client, holders, notifier, ino, owner, result),
+            );
         }
         // F_SETLKW waits on a thread of its own until the lock is free, the waiting process
         // has a signal to take, or the mount goes away.
-        let Some(slot) = self.lock_waiters.start() else { return reply.error(Errno::ENOLCK) };
-        let (client, waiters, waiter) = (self.client.clone(), self.lock_waiters.clone(), req.pid());
+        let Some(slot) = self.lock_waiters.start() else {
+            let _ = self.lock_holders.answered(ino, owner);
+            return reply.error(Errno::ENOLCK);
+        };
+        let waiter = req.pid();
+        let (client, waiters) = (self.client.clone(), self.lock_waiters.clone());
+        let (holders, notifier) = (self.lock_holders.clone(), self.notifier.clone());
         let spawned = std::thread::Builder::new().name("stria-lockwait".into()).spawn(move || {
             let gave_up = || waiters.stopping() || locks::waiter_gave_up(waiter);
-            reply_empty(reply, client.setlk(ino, owner, pid, range, kind, Some(&gave_up)));
+            let result = client.setlk(ino, owner, pid, range, kind, Some(&gave_up));
+            let result = locks::taken(&client, &holders, notifier.get(), ino, owner, result);
+            reply_empty(reply, result);
             drop(slot);
         });
         if let Err(e) = spawned {
@@ -1020,12 +1043,13 @@ impl Filesystem for StriaFs {
             }
         });
         match created {
+            // A file another client made first may have pages cached here (`revalidate`).
             Ok((fh, attr)) => reply.created(
                 &self.ttl,
                 &file_attr(&attr),
                 GENERATION,
                 FileHandle(fh),
-                Self::open_flags(flags, true),
+                Self::open_flags(flags, self.revalidate(&attr)),
             ),
             Err(error) => reply.error(errno(error)),
         }

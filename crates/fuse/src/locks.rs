@@ -49,44 +49,116 @@ impl LockWaiters {
     }
 }
 
-/// Lock owners holding locks, by (inode, owner), with the handles they locked through.
+/// What the mount knows of one lock owner on one file.
+#[derive(Debug, Default)]
+struct Holder {
+    /// The handles it locked through.
+    handles: Vec<u64>,
+    /// Its lock requests still on their way to the metadata service.
+    in_flight: u32,
+    /// A close came while some were: each drops the owner's locks once it is answered.
+    closed: bool,
+}
+
+/// Lock owners that may hold locks, by (inode, owner).
 #[derive(Debug, Default)]
 pub(crate) struct LockHolders {
-    held: Mutex<HashMap<(u64, u64), Vec<u64>>>,
+    held: Mutex<HashMap<(u64, u64), Holder>>,
 }
 
 impl LockHolders {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), Vec<u64>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), Holder>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `owner` took a lock on `ino` through handle `fh`.
-    pub fn took(&self, ino: u64, owner: u64, fh: u64) {
+    /// `owner` asks for a lock on `ino` through handle `fh`; [`LockHolders::answered`] follows.
+    pub fn asking(&self, ino: u64, owner: u64, fh: u64) {
         let mut held = self.lock();
-        let handles = held.entry((ino, owner)).or_default();
-        if !handles.contains(&fh) {
-            handles.push(fh);
+        let holder = held.entry((ino, owner)).or_default();
+        if holder.in_flight == 0 {
+            // A close before this request was dealt with then.
+            holder.closed = false;
         }
+        holder.in_flight += 1;
+        if !holder.handles.contains(&fh) {
+            holder.handles.push(fh);
+        }
+    }
+
+    /// A lock request of `owner` on `ino` was answered: whether the owner closed the file
+    /// meanwhile, so what the request took is to be dropped now.
+    pub fn answered(&self, ino: u64, owner: u64) -> bool {
+        let mut held = self.lock();
+        let Some(holder) = held.get_mut(&(ino, owner)) else { return false };
+        holder.in_flight -= 1;
+        let closed = holder.closed;
+        if closed && holder.in_flight == 0 {
+            held.remove(&(ino, owner));
+        }
+        closed
     }
 
     /// `owner` closed `ino`: whether it may hold locks there (they are to be dropped).
     pub fn owner_closed(&self, ino: u64, owner: u64) -> bool {
-        self.lock().remove(&(ino, owner)).is_some()
+        let mut held = self.lock();
+        match held.get_mut(&(ino, owner)) {
+            None => false,
+            Some(holder) if holder.in_flight > 0 => {
+                holder.closed = true;
+                true
+            }
+            Some(_) => held.remove(&(ino, owner)).is_some(),
+        }
     }
 
-    /// Handle `fh` of `ino` was released: the owners that locked through it.
+    /// Handle `fh` of `ino` was released: the owners that locked through it (closed as by
+    /// [`LockHolders::owner_closed`]).
     pub fn handle_released(&self, ino: u64, fh: u64) -> Vec<u64> {
-        let mut held = self.lock();
-        let owners: Vec<u64> = held
+        let owners: Vec<u64> = self
+            .lock()
             .iter()
-            .filter(|&(&(i, _), handles)| i == ino && handles.contains(&fh))
+            .filter(|&(&(i, _), holder)| i == ino && holder.handles.contains(&fh))
             .map(|(&(_, owner), _)| owner)
             .collect();
-        for owner in &owners {
-            held.remove(&(ino, *owner));
-        }
-        owners
+        owners.into_iter().filter(|&owner| self.owner_closed(ino, owner)).collect()
     }
+}
+
+/// Drops every lock `owner` holds on `ino` (its process closed the file); a failure is
+/// logged: the locks then go with the client's lease at the latest.
+pub(crate) fn release_locks(client: &stria_client::Client, ino: u64, owner: u64) {
+    if let Err(e) = client.release_locks(ino, owner) {
+        tracing::warn!(ino, %e, "dropping the byte-range locks of a closing process");
+    }
+}
+
+/// The outcome of a lock request of `owner` on `ino` (see [`LockHolders::asking`]). A lock
+/// whose owner closed the file meanwhile is dropped again. A lock granted makes the kernel
+/// drop its cached attributes of the file, so the next read asks for them and drops cached
+/// pages another client's writes made stale (`AUTO_INVAL_DATA`): what the last holder wrote
+/// and published at its unlock or close is read.
+pub(crate) fn taken(
+    client: &stria_client::Client,
+    holders: &LockHolders,
+    notifier: Option<&fuser::Notifier>,
+    ino: u64,
+    owner: u64,
+    result: Result<(), stria_proto::fs::FsStatus>,
+) -> Result<(), stria_proto::fs::FsStatus> {
+    let closed = holders.answered(ino, owner);
+    if result.is_ok() {
+        if closed {
+            release_locks(client, ino, owner);
+        } else {
+            client.forget_cached(ino);
+            if let Some(notifier) = notifier
+                && let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0)
+            {
+                tracing::debug!(ino, error = %e, "invalidating cached attributes at a lock");
+            }
+        }
+    }
+    result
 }
 
 /// Whether the process (thread) `pid`, waiting in F_SETLKW, is gone or has a signal to take
@@ -120,15 +192,28 @@ mod tests {
     #[test]
     fn closes_and_releases_find_the_owners_that_locked() {
         let holders = LockHolders::default();
-        holders.took(7, 100, 1);
-        holders.took(7, 100, 2);
-        holders.took(7, 200, 3);
-        holders.took(8, 100, 1);
+        for (ino, owner, fh) in [(7, 100, 1), (7, 100, 2), (7, 200, 3), (8, 100, 1)] {
+            holders.asking(ino, owner, fh);
+            assert!(!holders.answered(ino, owner));
+        }
         assert!(holders.owner_closed(7, 100));
         assert!(!holders.owner_closed(7, 100), "dropped once");
         assert_eq!(holders.handle_released(7, 3), vec![200]);
         assert_eq!(holders.handle_released(7, 3), Vec::<u64>::new());
         assert_eq!(holders.handle_released(8, 1), vec![100]);
+    }
+
+    #[test]
+    fn a_close_while_a_lock_is_on_its_way_drops_it_once_answered() {
+        let holders = LockHolders::default();
+        holders.asking(7, 100, 1);
+        assert!(holders.owner_closed(7, 100), "drop what is held now");
+        assert!(holders.answered(7, 100), "and what the request in flight took");
+        assert!(!holders.owner_closed(7, 100), "nothing left after that");
+        // A request after the close is the owner's again.
+        holders.asking(7, 100, 1);
+        assert!(!holders.answered(7, 100));
+        assert!(holders.owner_closed(7, 100));
     }
 
     #[test]

@@ -194,15 +194,28 @@ impl Meta {
     /// After a chunk write that ended at `new_size`: grows the size (never shrinks it) and
     /// sets mtime. Returns the size now.
     pub fn extend_size(&self, ino: Ino, new_size: u64, mtime: Timestamp) -> Result<u64> {
+        self.extend_size_from(ino, new_size, mtime).map(|(size, _)| size)
+    }
+
+    /// [`Meta::extend_size`], also returning the size and mtime the file had just before:
+    /// a client that finds there the version it last saw knows nobody else changed the file
+    /// in between (close-to-open between clients).
+    pub fn extend_size_from(
+        &self,
+        ino: Ino,
+        new_size: u64,
+        mtime: Timestamp,
+    ) -> Result<(u64, (u64, Timestamp))> {
         // Mostly already there (a `SpillSized`, or an earlier close, published it): a read
         // finds that with no write transaction to begin and abort.
         let current = self.read(|rx| {
             let rec = rx.inode(ino)?;
             regular(&rec)?;
-            Ok((rec.layout().is_some() && published(&rec, new_size, mtime)).then_some(rec.size))
+            let done = rec.layout().is_some() && published(&rec, new_size, mtime);
+            Ok(done.then_some((rec.size, (rec.size, rec.mtime))))
         })?;
-        if let Some(size) = current {
-            return Ok(size);
+        if let Some(done) = current {
+            return Ok(done);
         }
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
@@ -213,7 +226,7 @@ impl Meta {
             if published(&rec, new_size, mtime) {
                 // Published between the read and this transaction: nothing to commit.
                 tx.unchanged = true;
-                return Ok(rec.size);
+                return Ok((rec.size, (rec.size, rec.mtime)));
             }
             let before = rec.clone();
             rec.size = rec.size.max(new_size);
@@ -222,7 +235,7 @@ impl Meta {
             rec.version += 1;
             tx.account(Some(&before), Some(&rec));
             tx.put_inode(ino, &rec)?;
-            Ok(rec.size)
+            Ok((rec.size, (before.size, before.mtime)))
         })
     }
 

@@ -250,12 +250,12 @@ impl Meta {
         self.options.commit
     }
 
-    /// Makes every committed mutation durable (for [`Commit::Lazy`]).
     /// The byte-range locks of every client.
     pub fn locks(&self) -> &locks::LockTable {
         &self.locks
     }
 
+    /// Makes every committed mutation durable (for [`Commit::Lazy`]).
     pub fn sync(&self) -> Result<()> {
         let mut batch = self.lock_batch();
         // In lazy mode the batch is committed lazily, then made durable by an empty durable

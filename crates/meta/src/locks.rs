@@ -137,9 +137,13 @@ impl LockTable {
         locks.cut(ino, owner, LockRange { start: 0, end: u64::MAX });
     }
 
-    /// Keeps `client`'s locks for another lease.
-    pub fn renew(&self, client: u64) {
-        self.lock().heard_from(client, self.lease);
+    /// Keeps `client`'s locks for another lease. False when its lease had run out (its locks
+    /// were dropped, as it is told): from now on it has a lease again, and no locks.
+    pub fn renew(&self, client: u64) -> bool {
+        let mut locks = self.lock();
+        let had_lease = locks.leases.contains_key(&client);
+        locks.heard_from(client, self.lease);
+        had_lease
     }
 
     /// Locks held now, over every file.
@@ -166,7 +170,6 @@ impl Locks {
             .map(|(&c, _)| c)
             .collect();
         for gone in expired {
-            tracing::warn!(client = gone, "a client's lock lease ran out: its locks are dropped");
             self.leases.remove(&gone);
             let mut dropped = 0;
             self.by_ino.retain(|_, held| {
@@ -176,6 +179,13 @@ impl Locks {
                 !held.is_empty()
             });
             self.count -= dropped;
+            if dropped > 0 {
+                tracing::warn!(
+                    client = gone,
+                    dropped,
+                    "a client's lock lease ran out: its locks are dropped"
+                );
+            }
         }
         self.leases.insert(client, now);
     }
@@ -315,13 +325,13 @@ mod tests {
         assert_eq!(t.set(1, B, 2, r(0, 9), LockKind::Read), Err(FsStatus::LockConflict));
         // A renewal keeps the locks however long ago the last word was.
         t.lock().leases.insert(A.client, ago(40));
-        t.renew(A.client);
+        assert!(t.renew(A.client), "nobody asked since: still A's");
         assert_eq!(t.set(1, B, 2, r(0, 9), LockKind::Read), Err(FsStatus::LockConflict));
         // Silent past the lease: the next request of anyone drops A's locks.
         t.lock().leases.insert(A.client, ago(31));
         t.set(1, B, 2, r(0, 9), LockKind::Read).unwrap();
         assert_eq!(t.count(), 1, "A's lock is gone");
-        assert!(!t.lock().leases.contains_key(&A.client));
+        assert!(!t.renew(A.client), "A learns that its lease ran out");
     }
 
     #[test]

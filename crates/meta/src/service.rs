@@ -252,12 +252,15 @@ impl MetaService {
                 MetaReply::Done
             }
             MetaRequest::RenewLocks { client } => {
-                meta.locks().renew(client);
+                if !meta.locks().renew(client) {
+                    // The client's locks were dropped: it is told so (`Stale`).
+                    return Err(lock_error(FsStatus::Stale));
+                }
                 MetaReply::Done
             }
             MetaRequest::ExtendSize { ino, size, mtime } => {
-                meta.extend_size(ino, size, mtime)?;
-                MetaReply::Done
+                let (_, (size_before, mtime_before)) = meta.extend_size_from(ino, size, mtime)?;
+                MetaReply::Extended { size_before, mtime_before }
             }
             MetaRequest::GetXattr { caller, ino, name } => {
                 MetaReply::Bytes(meta.getxattr(ino, &name, &caller)?)

@@ -349,7 +349,8 @@ pub enum MetaRequest {
     Release {
         ino: Ino,
     },
-    /// Raises the size to at least `size` and sets mtime (data written through chunks).
+    /// Raises the size to at least `size` and sets mtime (data written through chunks);
+    /// answered with `Extended` (the version before).
     ExtendSize {
         ino: Ino,
         size: u64,
@@ -429,7 +430,8 @@ pub enum MetaRequest {
         ino: Ino,
         owner: LockOwnerId,
     },
-    /// Keeps the locks of `client` for another lease (see `meta::locks`).
+    /// Keeps the locks of `client` for another lease (see `meta::locks`); `Stale` when the
+    /// lease had run out and its locks were dropped.
     RenewLocks {
         client: u64,
     },
@@ -457,7 +459,8 @@ pub struct LockOwnerId {
     pub owner: u64,
 }
 
-/// Bytes `start..=end` of a file; `end` `u64::MAX` reaches past any end of file.
+/// Bytes `start..=end` of a file. An `end` of `i64::MAX` (the kernel's own) or more reaches
+/// past any end of file; the mount reports a lock's end as at most `i64::MAX`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct LockRange {
     pub start: u64,
@@ -632,6 +635,11 @@ pub enum MetaReply {
     Done,
     Analytics(Analytics),
     Lock(Option<LockHolder>),
+    /// `ExtendSize`: the size and mtime the file had just before.
+    Extended {
+        size_before: u64,
+        mtime_before: Timestamp,
+    },
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

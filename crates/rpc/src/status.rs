@@ -85,7 +85,7 @@ mod tests {
 
     #[test]
     fn fs_codes_round_trip_and_are_dense() {
-        for n in 1..=23u16 {
+        for n in 1..=FsStatus::ALL.len() as u16 {
             let code = FS_STATUS_BASE + n;
             let status = fs_status_from_code(code).expect("every FsStatus number maps");
             assert_eq!(fs_status_code(status), code);

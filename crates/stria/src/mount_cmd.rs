@@ -33,18 +33,8 @@ pub struct MountArgs {
     /// every service of the node).
     #[arg(long, requires = "meta")]
     pub secret_file: Option<PathBuf>,
-    /// Use the kernel's writeback cache: faster small buffered writes, but this mount then
-    /// never sees what other clients change in files it has cached. Only when this mount is
-    /// the sole writer of its files.
-    #[arg(long)]
-    pub writeback_cache: bool,
-    /// Threads that take the kernel's requests (1-256; default one per CPU, at least 2 and at
-    /// most 16).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub fuse_threads: Option<u16>,
-    /// Treat root (uid 0) and group 0 on this mount as nobody (65534), as NFS's root_squash.
-    #[arg(long)]
-    pub root_squash: bool,
+    #[command(flatten)]
+    pub flags: crate::up::MountFlags,
 }
 
 /// How long a request waits for a node that cannot be reached (restarting) before it fails.
@@ -90,13 +80,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     // A node that restarts on the same addresses is waited for, not failed.
     config.reconnect_wait = NODE_RESTART_WAIT;
     let client = stria_client::Client::new(runtime.handle().clone(), config);
-    let options = stria_fuse::MountOptions {
-        writeback_cache: args.writeback_cache,
-        root_squash: args.root_squash,
-        threads: args.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
-        ..Default::default()
-    };
-    let mount = crate::up::mount_fs(client.clone(), &mountpoint, &options)?;
+    let mount = crate::up::mount_fs(client.clone(), &mountpoint, &args.flags.options())?;
     println!(
         "mounted the node at {meta} (metadata) and {storage} (storage) on {}",
         mountpoint.display()

@@ -75,21 +75,8 @@ pub struct UpArgs {
     /// Do not mount; serve the native API only.
     #[arg(long)]
     pub no_mount: bool,
-    /// Use the kernel's writeback cache on the mount: faster small buffered writes, but the
-    /// mount then trusts its own file sizes and never sees what other clients (the client
-    /// library, other mounts) change in files it has cached. Only when the mount is the sole
-    /// writer of its files.
-    #[arg(long)]
-    pub writeback_cache: bool,
-    /// Threads that take the kernel's requests on the mount (1-256; default one per CPU, at
-    /// least 2 and at most 16). More than the CPUs slows small operations down.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub fuse_threads: Option<u16>,
-    /// Treat root (uid 0) and group 0 on the mount as the unprivileged user and group nobody
-    /// (65534), as NFS's root_squash: root on a client machine gets no more rights to files than
-    /// anyone else, and what it creates belongs to nobody.
-    #[arg(long)]
-    pub root_squash: bool,
+    #[command(flatten)]
+    pub mount_flags: MountFlags,
     /// Address of the metadata service (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7411")]
     pub meta_listen: SocketAddr,
@@ -129,6 +116,37 @@ pub struct UpArgs {
     /// Refuse NBD clients that do not start TLS.
     #[arg(long, requires = "nbd_tls_cert")]
     pub nbd_tls_required: bool,
+}
+
+/// How a FUSE mount behaves (`stria up`'s own mount, and `stria mount`).
+#[derive(Args, Debug, Clone)]
+pub struct MountFlags {
+    /// Use the kernel's writeback cache on the mount: faster small buffered writes, but the
+    /// mount then trusts its own file sizes and never sees what other clients (the client
+    /// library, other mounts) change in files it has cached. Only when the mount is the sole
+    /// writer of its files.
+    #[arg(long)]
+    pub writeback_cache: bool,
+    /// Threads that take the kernel's requests on the mount (1-256; default one per CPU, at
+    /// least 2 and at most 16). More than the CPUs slows small operations down.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub fuse_threads: Option<u16>,
+    /// Treat root (uid 0) and group 0 on the mount as the unprivileged user and group nobody
+    /// (65534), as NFS's root_squash: root on a client machine gets no more rights to files than
+    /// anyone else, and what it creates belongs to nobody.
+    #[arg(long)]
+    pub root_squash: bool,
+}
+
+impl MountFlags {
+    pub fn options(&self) -> stria_fuse::MountOptions {
+        stria_fuse::MountOptions {
+            writeback_cache: self.writeback_cache,
+            root_squash: self.root_squash,
+            threads: self.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
+            ..Default::default()
+        }
+    }
 }
 
 fn parse_level(text: &str) -> Result<Level, String> {
@@ -438,7 +456,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         Some(args.mount.clone().map(|m| absolute(&m)).transpose()?.unwrap_or(data.join("mnt")))
     };
     let mount = match &mount_point {
-        Some(path) => match mount_fs(client.clone(), path, &mount_options(&args)) {
+        Some(path) => match mount_fs(client.clone(), path, &args.mount_flags.options()) {
             Ok(mount) => Some(mount),
             Err(reason) => {
                 eprintln!("warning: not mounted: {reason:#}");
@@ -755,15 +773,6 @@ pub fn open_target(data: &Path, record: &TargetRecord) -> Result<Target> {
     let engine = Engine::open(array.clone(), &data.join(format!("targets/{}", record.id)))
         .with_context(|| format!("opening target {}'s chunk engine", record.id))?;
     Ok(Target { id: TargetId(record.id), pool: record.pool.clone(), array, engine })
-}
-
-fn mount_options(args: &UpArgs) -> stria_fuse::MountOptions {
-    stria_fuse::MountOptions {
-        writeback_cache: args.writeback_cache,
-        root_squash: args.root_squash,
-        threads: args.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
-        ..Default::default()
-    }
 }
 
 /// Mounts `client`'s file system at `path` (created if missing), first detaching the dead

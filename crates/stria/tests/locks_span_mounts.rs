@@ -1,7 +1,8 @@
 //! POSIX byte-range locks (fcntl) are held by the metadata service, so processes on two
 //! mounts of one node (`stria up`'s own and a `stria mount`) exclude each other: a
 //! conflicting F_SETLK fails with EAGAIN, F_GETLK names the holder, read locks share, a
-//! partial unlock frees only its part, F_SETLKW waits until the holder closes the file, a
+//! partial unlock frees only its part, F_SETLKW waits until the holder closes the file, data
+//! written under a lock is what the next holder on the other mount reads, a
 //! read-only handle's locks go with its close, many waiters leave the mount serving the rest,
 //! and a waiter killed with SIGKILL exits instead of hanging in the kernel.
 
@@ -64,6 +65,16 @@ fn eventually_lock(fd: i32, kind: i32, start: i64, len: i64, what: &str) {
             Err(e) => panic!("{what}: still refused (errno {e}) 10 s after the holder closed"),
         }
     }
+}
+
+/// Joins `thread`, failing the test if it has not finished within 10 s.
+fn join_within<T>(thread: std::thread::JoinHandle<T>, what: &str) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !thread.is_finished() {
+        assert!(Instant::now() < deadline, "{what}: still waiting after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    thread.join().unwrap()
 }
 
 /// Forks a child that opens `path` and waits for a write lock on byte `at` (F_SETLKW); it
@@ -134,7 +145,7 @@ fn byte_range_locks_hold_across_mounts() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!waiter.is_finished(), "F_SETLKW returned while the range was locked");
     drop(a);
-    assert_eq!(waiter.join().unwrap(), Ok(()));
+    assert_eq!(join_within(waiter, "F_SETLKW after the holder closed"), Ok(()));
 
     // A read-only handle's locks go with its close (it sends no FLUSH, only a RELEASE).
     let ro = std::fs::File::open(m1.join("locked")).unwrap();
@@ -165,7 +176,24 @@ fn byte_range_locks_hold_across_mounts() {
     }
     drop(holder);
     for waiter in waiters {
-        assert_eq!(waiter.join().unwrap(), Ok(()));
+        assert_eq!(join_within(waiter, "one of many waiters"), Ok(()));
+    }
+
+    // A lock orders data between mounts: what m1 writes under a lock and unlocks is what m2
+    // reads under the lock it takes next, through a handle whose pages it had cached.
+    let mut cached = vec![0u8; 4096];
+    {
+        use std::os::unix::fs::FileExt;
+        b.read_exact_at(&mut cached, 0).unwrap();
+        let writer = open_rw(&m1.join("locked"));
+        set_lock(writer.as_raw_fd(), true, libc::F_WRLCK, 0, 4096).unwrap();
+        writer.write_all_at(&[b'x'; 4096], 0).unwrap();
+        set_lock(writer.as_raw_fd(), false, libc::F_UNLCK, 0, 4096).unwrap();
+        set_lock(fb, true, libc::F_RDLCK, 0, 4096).unwrap();
+        b.read_exact_at(&mut cached, 0).unwrap();
+        assert!(cached.iter().all(|&byte| byte == b'x'), "m2 read stale bytes under its lock");
+        set_lock(fb, false, libc::F_UNLCK, 0, 4096).unwrap();
+        drop(writer);
     }
 
     // Another process on the same mount is excluded as well, and one killed while it waits
