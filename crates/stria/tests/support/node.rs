@@ -310,6 +310,13 @@ impl SecondMount {
         }
     }
 
+    /// Kills the process with SIGKILL (a crashed client); its mount is left dead.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("stria mount running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.as_ref().unwrap().id();
         // SAFETY: kill with a valid pid and signal.
