@@ -107,6 +107,18 @@ fn reaped(pid: libc::pid_t) -> Option<i32> {
     (got == pid).then_some(status)
 }
 
+/// Waits for the child to end; its wait status. Fails the test after 10 s with `what`.
+fn reap_within(pid: libc::pid_t, what: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = reaped(pid) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what} after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn byte_range_locks_hold_across_mounts() {
     require_fuse();
@@ -205,27 +217,13 @@ fn byte_range_locks_hold_across_mounts() {
     assert_eq!(reaped(child), None, "the child got a lock this process holds");
     // SAFETY: kill our own child.
     unsafe { libc::kill(child, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = reaped(child) {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "a killed F_SETLKW waiter still hangs after 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = reap_within(child, "a killed F_SETLKW waiter still hangs");
     assert!(libc::WIFSIGNALED(status), "the child was not killed: status {status}");
     // Once this process lets go, a waiter gets the lock.
     let child = fork_waiter(&m2.join("locked"), 5000);
     std::thread::sleep(Duration::from_millis(200));
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = reaped(child) {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the waiter did not get the freed lock in 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = reap_within(child, "the waiter did not get the freed lock");
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
     drop(b);
 }
