@@ -24,6 +24,8 @@ use stria_proto::wire::{LOCK_LEASE, LockHolder, LockKind, LockOwnerId, LockRange
 /// Most locks held at once, over every file and client; past it a new lock is refused
 /// (ENOLCK).
 pub const LOCKS_MAX: usize = 1 << 20;
+/// Most clients with a lease at once; past it a new client's first lock is refused (ENOLCK).
+pub const LEASES_MAX: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Held {
@@ -89,7 +91,7 @@ impl LockTable {
     ) -> Result<Option<LockHolder>, FsStatus> {
         check_range(range)?;
         let mut locks = self.lock();
-        locks.heard_from(owner.client, self.lease);
+        locks.heard_from(owner.client, self.lease, false);
         if kind == LockKind::Unlock {
             return Ok(None);
         }
@@ -109,7 +111,7 @@ impl LockTable {
     ) -> Result<(), FsStatus> {
         check_range(range)?;
         let mut locks = self.lock();
-        locks.heard_from(owner.client, self.lease);
+        let leased = locks.heard_from(owner.client, self.lease, kind != LockKind::Unlock);
         let write = match kind {
             LockKind::Unlock => {
                 locks.cut(ino, owner, range);
@@ -122,7 +124,7 @@ impl LockTable {
             return Err(FsStatus::LockConflict);
         }
         // An owner's lock may split one of its own in two: at most two more.
-        if locks.count + 2 > LOCKS_MAX {
+        if !leased || locks.count + 2 > LOCKS_MAX {
             return Err(FsStatus::NoLocks);
         }
         locks.cut(ino, owner, range);
@@ -133,7 +135,7 @@ impl LockTable {
     /// Drops every lock `owner` holds on `ino` (its process closed the file).
     pub fn release_owner(&self, ino: Ino, owner: LockOwnerId) {
         let mut locks = self.lock();
-        locks.heard_from(owner.client, self.lease);
+        locks.heard_from(owner.client, self.lease, false);
         locks.cut(ino, owner, LockRange { start: 0, end: u64::MAX });
     }
 
@@ -142,7 +144,7 @@ impl LockTable {
     pub fn renew(&self, client: u64) -> bool {
         let mut locks = self.lock();
         let had_lease = locks.leases.contains_key(&client);
-        locks.heard_from(client, self.lease);
+        locks.heard_from(client, self.lease, true);
         had_lease
     }
 
@@ -160,8 +162,10 @@ fn check_range(range: LockRange) -> Result<(), FsStatus> {
 }
 
 impl Locks {
-    /// Renews `client`'s lease, and drops the locks of every client whose lease ran out.
-    fn heard_from(&mut self, client: u64, lease: Duration) {
+    /// Drops the locks of every other client whose lease ran out, and renews `client`'s
+    /// lease; a client without one gets one when `start` (taking a lock, renewing) and fewer
+    /// than [`LEASES_MAX`] clients have one. Whether `client` has a lease now.
+    fn heard_from(&mut self, client: u64, lease: Duration, start: bool) -> bool {
         let now = Instant::now();
         let expired: Vec<u64> = self
             .leases
@@ -187,7 +191,15 @@ impl Locks {
                 );
             }
         }
-        self.leases.insert(client, now);
+        if let Some(at) = self.leases.get_mut(&client) {
+            *at = now;
+            return true;
+        }
+        if start && self.leases.len() < LEASES_MAX {
+            self.leases.insert(client, now);
+            return true;
+        }
+        false
     }
 
     fn conflict(
@@ -332,6 +344,21 @@ mod tests {
         t.set(1, B, 2, r(0, 9), LockKind::Read).unwrap();
         assert_eq!(t.count(), 1, "A's lock is gone");
         assert!(!t.renew(A.client), "A learns that its lease ran out");
+    }
+
+    #[test]
+    fn leases_are_given_to_lockers_only_and_capped() {
+        let t = LockTable::default();
+        t.test(1, A, r(0, 9), LockKind::Write).unwrap();
+        t.set(1, A, 1, r(0, 9), LockKind::Unlock).unwrap();
+        assert!(t.lock().leases.is_empty(), "asking and unlocking start no lease");
+        for client in 0..LEASES_MAX as u64 {
+            t.lock().leases.insert(1000 + client, Instant::now());
+        }
+        assert_eq!(t.set(1, A, 1, r(0, 9), LockKind::Write), Err(FsStatus::NoLocks));
+        assert_eq!(t.count(), 0);
+        t.lock().leases.remove(&1000);
+        t.set(1, A, 1, r(0, 9), LockKind::Write).unwrap();
     }
 
     #[test]
