@@ -93,16 +93,18 @@ fn two_mounts_see_each_others_closed_files() {
     // A name m2 still has cached (for 1 s) for a file m1 removed: an O_CREAT open through
     // it makes a new file instead of failing with ENOENT on the dead inode (ESTALE makes the
     // kernel look the name up again); a plain open then finds the new file, not the old.
-    // (m2 caches the name with a stat: a handle of m2's own, released only after its close
-    // returned, would keep the old file open here for a moment.)
+    // (m2 caches each name with a stat, and every round has a name of its own: a handle of
+    // m2's own, released only after its close returned, would keep the old file open here for
+    // a moment, and a name m2 still had cached from a round before would show that round's
+    // file to the stat.)
     for round in 0..3 {
-        std::fs::write(m1.join("victim"), b"old").unwrap();
-        assert_eq!(std::fs::metadata(m2.join("victim")).unwrap().len(), 3);
-        std::fs::remove_file(m1.join("victim")).unwrap();
-        std::fs::write(m1.join("victim"), format!("renewed {round}")).unwrap();
-        let read = std::fs::read(m2.join("victim")).expect("read through a name renewed elsewhere");
+        let name = format!("victim-{round}");
+        std::fs::write(m1.join(&name), b"old").unwrap();
+        assert_eq!(std::fs::metadata(m2.join(&name)).unwrap().len(), 3);
+        std::fs::remove_file(m1.join(&name)).unwrap();
+        std::fs::write(m1.join(&name), format!("renewed {round}")).unwrap();
+        let read = std::fs::read(m2.join(&name)).expect("read through a name renewed elsewhere");
         assert_eq!(read, format!("renewed {round}").as_bytes());
-        std::fs::remove_file(m1.join("victim")).unwrap();
     }
     std::fs::write(m1.join("victim"), b"old").unwrap();
     assert_eq!(std::fs::metadata(m2.join("victim")).unwrap().len(), 3);
