@@ -17,6 +17,7 @@ mod files;
 mod locks;
 mod purge;
 mod seen;
+mod session;
 mod transport;
 mod volume;
 

@@ -30,6 +30,11 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
+    /// This client's id in its locks and its session.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     pub fn new() -> LockSession {
         // RandomState is seeded from the operating system's randomness.
         let seed = (std::process::id(), std::time::SystemTime::now());

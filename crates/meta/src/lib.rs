@@ -17,6 +17,7 @@ mod perm;
 pub mod record;
 mod rename;
 pub mod service;
+pub mod sessions;
 mod stats;
 mod store;
 mod types;
@@ -123,6 +124,8 @@ pub struct Meta {
     snapshot: Mutex<Option<Arc<Rx<'static>>>>,
     /// Byte-range locks of every client (memory only, see `locks`).
     locks: locks::LockTable,
+    /// The clients heard from lately (memory only, see `sessions`).
+    sessions: sessions::Sessions,
 }
 
 /// In [`Commit::Lazy`] mode at least every this many mutations one commit is durable: redb
@@ -193,6 +196,7 @@ impl Meta {
             batch_open: AtomicBool::new(false),
             snapshot: Mutex::new(None),
             locks: locks::LockTable::default(),
+            sessions: sessions::Sessions::default(),
         };
         meta.init()?;
         Ok(meta)
@@ -253,6 +257,11 @@ impl Meta {
     /// The byte-range locks of every client.
     pub fn locks(&self) -> &locks::LockTable {
         &self.locks
+    }
+
+    /// The clients heard from lately.
+    pub fn sessions(&self) -> &sessions::Sessions {
+        &self.sessions
     }
 
     /// Makes every committed mutation durable (for [`Commit::Lazy`]).

@@ -58,7 +58,7 @@ impl OpCounts {
 }
 
 fn lock_error(status: FsStatus) -> MetaError {
-    MetaError::Fs { status, context: "byte-range lock" }
+    MetaError::Fs { status, context: "byte-range lock or client session" }
 }
 
 /// The metadata service: a [`Meta`] behind the RPC [`Service`] interface.
@@ -258,6 +258,15 @@ impl MetaService {
                 }
                 MetaReply::Done
             }
+            MetaRequest::Hello { client, info } => {
+                meta.sessions().hello(client, info).map_err(lock_error)?;
+                MetaReply::Done
+            }
+            MetaRequest::Goodbye { client } => {
+                meta.sessions().goodbye(client);
+                MetaReply::Done
+            }
+            MetaRequest::ListClients => MetaReply::Clients(meta.sessions().list()),
             MetaRequest::ExtendSize { ino, size, mtime } => {
                 let (_, (size_before, mtime_before)) = meta.extend_size_from(ino, size, mtime)?;
                 MetaReply::Extended { size_before, mtime_before }

@@ -610,24 +610,28 @@ async fn list_filesystems(
     .await
 }
 
-/// One client of the node: the FUSE mount, or an NBD connection.
+/// One client of the node: a FUSE mount (its own, or a `stria mount` elsewhere), or an NBD
+/// connection.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Client {
     /// `fuse` or `nbd`.
     pub kind: String,
-    /// The mount point (`fuse`).
+    /// The mount point, on the mount's machine (`fuse`).
     pub mount: Option<String>,
+    /// The machine of a `stria mount` (`fuse`; absent for the node's own mount).
+    pub host: Option<String>,
     /// The initiator's address (`nbd`).
     pub peer: Option<String>,
     /// The export it uses (`nbd`).
     pub export: Option<String>,
     /// The connection runs TLS (`nbd`).
     pub tls: Option<bool>,
-    /// Connected since, in seconds since the Unix epoch (`nbd`).
+    /// Connected since, in seconds since the Unix epoch (`nbd`, and `fuse` of a `stria mount`).
     pub since_unix_s: Option<u64>,
 }
 
-/// The clients using the node now: its FUSE mount and every NBD connection in transmission.
+/// The clients using the node now: its FUSE mount, the `stria mount`s heard from within the
+/// last 30 s, and every NBD connection in transmission.
 #[utoipa::path(get, path = "/api/v1/clients", tag = "volumes",
     responses((status = 200, body = Vec<Client>), (status = 401, body = ErrorBody)))]
 async fn list_clients(State(state): State<ApiState>) -> Result<Json<Vec<Client>>, ApiError> {
@@ -637,16 +641,31 @@ async fn list_clients(State(state): State<ApiState>) -> Result<Json<Vec<Client>>
             out.push(Client {
                 kind: "fuse".into(),
                 mount: Some(mount.clone()),
+                host: None,
                 peer: None,
                 export: None,
                 tls: None,
                 since_unix_s: None,
             });
         }
+        // The metadata service lists the other mounts; without it they are left out.
+        match state.mgmt.client().sessions() {
+            Ok(sessions) => out.extend(sessions.into_iter().map(|s| Client {
+                kind: s.info.kind,
+                mount: Some(s.info.mount),
+                host: Some(s.info.host),
+                peer: None,
+                export: None,
+                tls: None,
+                since_unix_s: Some(s.since_unix_s),
+            })),
+            Err(e) => tracing::warn!(%e, "listing the mounts of other clients"),
+        }
         for c in state.mgmt.gateway_clients() {
             out.push(Client {
                 kind: "nbd".into(),
                 mount: None,
+                host: None,
                 peer: Some(c.peer.to_string()),
                 export: Some(c.export),
                 tls: Some(c.tls),

@@ -435,6 +435,46 @@ pub enum MetaRequest {
     RenewLocks {
         client: u64,
     },
+    /// A client says who it is, and again every `LOCK_RENEW` while it runs: the sessions
+    /// listed by `ListClients` (a mount of another machine, say). `NoSpace` past
+    /// `CLIENT_SESSIONS_MAX` clients.
+    Hello {
+        client: u64,
+        info: ClientInfo,
+    },
+    /// The client stops: its session goes from the list at once.
+    Goodbye {
+        client: u64,
+    },
+    /// The sessions heard from within the last `LOCK_LEASE`: `Clients`.
+    ListClients,
+}
+
+/// Most client sessions the metadata service lists at once.
+pub const CLIENT_SESSIONS_MAX: usize = 1 << 16;
+/// Longest text field of a [`ClientInfo`] (bytes); longer ones are refused (`Invalid`).
+pub const CLIENT_INFO_TEXT_MAX: usize = 4096;
+
+/// What a client tells about itself ([`MetaRequest::Hello`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ClientInfo {
+    /// `fuse` for a mount.
+    pub kind: String,
+    /// Its mount point, on its own machine.
+    pub mount: String,
+    /// Its machine's host name.
+    pub host: String,
+    /// Its process id, on its own machine.
+    pub pid: u32,
+}
+
+/// A client heard from lately ([`MetaReply::Clients`]).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ClientSession {
+    pub client: u64,
+    pub info: ClientInfo,
+    /// First heard from, in seconds since the Unix epoch.
+    pub since_unix_s: u64,
 }
 
 /// How long the metadata service keeps a client's byte-range locks without hearing from it.
@@ -518,7 +558,10 @@ impl MetaRequest {
             | MetaRequest::GetLock { .. }
             | MetaRequest::SetLock { .. }
             | MetaRequest::ReleaseLocks { .. }
-            | MetaRequest::RenewLocks { .. } => Vec::new(),
+            | MetaRequest::RenewLocks { .. }
+            | MetaRequest::Hello { .. }
+            | MetaRequest::Goodbye { .. }
+            | MetaRequest::ListClients => Vec::new(),
         }
     }
 
@@ -544,6 +587,9 @@ impl MetaRequest {
                     | MetaRequest::SetLock { .. }
                     | MetaRequest::ReleaseLocks { .. }
                     | MetaRequest::RenewLocks { .. }
+                    | MetaRequest::Hello { .. }
+                    | MetaRequest::Goodbye { .. }
+                    | MetaRequest::ListClients
             )
     }
 
@@ -602,6 +648,9 @@ impl MetaRequest {
             MetaRequest::SetLock { .. } => "setlk",
             MetaRequest::ReleaseLocks { .. } => "release_locks",
             MetaRequest::RenewLocks { .. } => "renew_locks",
+            MetaRequest::Hello { .. } => "hello",
+            MetaRequest::Goodbye { .. } => "goodbye",
+            MetaRequest::ListClients => "list_clients",
         }
     }
 }
@@ -635,6 +684,7 @@ pub enum MetaReply {
     Done,
     Analytics(Analytics),
     Lock(Option<LockHolder>),
+    Clients(Vec<ClientSession>),
     /// `ExtendSize`: the size and mtime the file had just before.
     Extended {
         size_before: u64,

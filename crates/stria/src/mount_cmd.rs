@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use stria_proto::fs::FsStatus;
+use stria_proto::wire::ClientInfo;
 
 use crate::up::{RunRecord, load_secret};
 use crate::{interrupt, usage};
@@ -81,6 +82,17 @@ pub fn run(args: MountArgs) -> Result<()> {
     config.reconnect_wait = NODE_RESTART_WAIT;
     let client = stria_client::Client::new(runtime.handle().clone(), config);
     let mount = crate::up::mount_fs(client.clone(), &mountpoint, &args.flags.options())?;
+    // The node lists this mount among its clients (`GET /api/v1/clients`).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let info = ClientInfo {
+        kind: "fuse".into(),
+        mount: mountpoint.display().to_string(),
+        host: host.trim().to_string(),
+        pid: std::process::id(),
+    };
+    if let Err(e) = client.announce(info) {
+        tracing::warn!(%e, "the node will not list this mount among its clients");
+    }
     println!(
         "mounted the node at {meta} (metadata) and {storage} (storage) on {}",
         mountpoint.display()
@@ -95,6 +107,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     if let Err(e) = client.sync_meta() {
         tracing::warn!(%e, "removing the chunks of removed files at unmount");
     }
+    let _ = client.goodbye();
     drop(client);
     runtime.shutdown_timeout(Duration::from_secs(5));
     if unmounted_outside {

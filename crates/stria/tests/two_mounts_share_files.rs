@@ -4,7 +4,8 @@
 //! not expired; names made or removed through one show in the other, and a name cached for
 //! a file removed elsewhere does not fail a create; two mounts writing interleaved records of
 //! one file leave every byte where its writer put it. A wrong cluster secret
-//! is refused with a clear error, and the command stops cleanly on SIGTERM and on `umount`.
+//! is refused with a clear error, the node lists the mount among its clients (`GET
+//! /api/v1/clients`) until it stops, and the command stops cleanly on SIGTERM and on `umount`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::http::Api;
 use support::node::{Node, STRIA, SecondMount, is_mounted, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
@@ -40,6 +42,21 @@ fn two_mounts_see_each_others_closed_files() {
     let m1 = node.mount.clone();
     let mut second = SecondMount::start(&node, &dir.join("m2"));
     let m2 = second.path.clone();
+
+    // The node lists the second mount among its clients, beside its own.
+    let api = Api::of(&node);
+    let m2_text = m2.display().to_string();
+    let listed =
+        move |clients: &serde_json::Value| {
+            clients.as_array().expect("a list").iter().any(|c| {
+                c["kind"] == "fuse" && c["mount"] == m2_text.as_str() && c["host"].is_string()
+            })
+        };
+    // (It says hello just after mounting.)
+    let clients =
+        api.eventually("/api/v1/clients", "the second mount", Duration::from_secs(10), &listed);
+    let own = clients.as_array().unwrap().iter().filter(|c| c["kind"] == "fuse").count();
+    assert_eq!(own, 2, "the node's own mount and the second one: {clients}");
 
     // A file written through the node's mount reads back whole through the second one.
     let mut expected = pattern(1, 0, FILE_BYTES);
@@ -154,6 +171,8 @@ fn two_mounts_see_each_others_closed_files() {
     assert!(status.success(), "stria mount exited with {status}: {}", second.stderr());
     assert!(!is_mounted(&m2), "m2 still mounted after SIGTERM");
     assert!(second.stderr().contains("unmounted"), "{}", second.stderr());
+    let clients = api.get("/api/v1/clients");
+    assert!(!listed(&clients), "a mount that said goodbye is still listed: {clients}");
     // What m2 wrote is the node's: m1 still reads it after m2 is gone.
     assert!(std::fs::read(m1.join("shared")).unwrap() == expected);
 
