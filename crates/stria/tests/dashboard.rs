@@ -412,6 +412,13 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
         assert!(attr_u64(tag, "data-points") > 0, "{chart} has samples: {tag}");
     }
     assert!(dom.count("nav-analytics") == 1 && dom.count("nav-events") == 1);
+    // Clients: the node's own mount.
+    let mount = node.mount.display().to_string();
+    let own = dom.tags("client-row").into_iter().find(|row| {
+        attr(row, "data-kind").as_deref() == Some("fuse")
+            && attr(row, "data-mount").as_deref() == Some(mount.as_str())
+    });
+    assert!(own.is_some(), "the node's mount is among the clients: {:?}", dom.tags("client-row"));
 
     // Drives: one row per drive, all active, with the wear of a 1 TBW rating.
     let drives_url = url("page=drives");

@@ -1,8 +1,9 @@
-// Overview: the node at a glance: state, capacity, hardware by state, live charts, latest events.
+// Overview: the node at a glance: state, capacity, hardware by state, clients, live charts,
+// latest events.
 
 import { get } from '../api.js';
 import { chartHolders, renderIoCharts } from '../chart.js';
-import { badge, bar, h, section } from '../dom.js';
+import { badge, bar, h, section, table } from '../dom.js';
 import * as f from '../format.js';
 
 const WINDOW_S = 300;
@@ -39,16 +40,19 @@ export default {
     const hardware = h('div', { class: 'hardware' });
     const charts = chartHolders(true);
     const recent = h('div');
+    const clients = h('div');
     root.append(cards,
       section('Hardware', { 'data-testid': 'hardware' }, hardware),
+      section('Clients', {}, clients),
       section(`Live performance · last ${WINDOW_S / 60} minutes, all targets`, {}, charts.element),
       section('Latest events', {}, recent, h('p', {}, h('a', { href: '#page=events' }, 'All events →'))));
 
     return {
       intervalMs: 2000,
       async refresh() {
-        const [cluster, targets, perf, events] = await Promise.all([
+        const [cluster, targets, perf, events, users] = await Promise.all([
           get('/cluster'), get('/targets'), get(`/performance?seconds=${WINDOW_S}`), get('/events?limit=5'),
+          get('/clients'),
         ]);
         const node = cluster.nodes[0] || { addresses: {} };
         const usedRatio = cluster.capacity_bytes ? cluster.used_bytes / cluster.capacity_bytes : 0;
@@ -84,6 +88,18 @@ export default {
               `rebuilding slot ${t.rebuild.slot}: ${f.percent(t.rebuild.progress_ratio, 0)}`) : null,
             t.scrub.state === 'running' ? bar(t.scrub.progress_ratio, { class: 'scrub' }, `scrub ${f.percent(t.scrub.progress_ratio, 0)}`) : null,
             t.warnings.length ? h('span', { class: 'warning-text' }, t.warnings.join('; ')) : null))));
+
+        // FUSE mounts (the node's own, and `stria mount`s here or elsewhere) and NBD connections.
+        clients.replaceChildren(table(['Kind', 'Where', 'Export', 'Since'], users.map((c) => h('tr', {
+          'data-testid': 'client-row', 'data-kind': c.kind, 'data-mount': c.mount || '',
+        },
+        h('td', {}, c.kind === 'fuse' ? 'FUSE mount' : 'NBD'),
+        h('td', { class: 'mono' }, c.kind === 'fuse'
+          ? `${c.host ? `${c.host}:` : ''}${c.mount}${c.host ? '' : ' (this node)'}`
+          : `${c.peer}${c.tls ? ' · TLS' : ''}`),
+        h('td', {}, c.export || '—'),
+        h('td', { class: 'muted' }, c.since_unix_s ? f.when(c.since_unix_s * 1000) : '—'))),
+        { 'data-testid': 'clients' }, 'No clients.'));
 
         renderIoCharts(charts, perf.total, perf.timestamps_unix_s, WINDOW_S, 'chart');
 
