@@ -27,6 +27,8 @@ pub(crate) struct LockSession {
     id: u64,
     /// Set at the first lock taken: from then on a task renews the lease.
     renewing: AtomicBool,
+    /// The task that keeps saying hello (see `session`), stopped by the goodbye.
+    pub(crate) hello: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl LockSession {
@@ -39,7 +41,7 @@ impl LockSession {
         // RandomState is seeded from the operating system's randomness.
         let seed = (std::process::id(), std::time::SystemTime::now());
         let id = std::hash::RandomState::new().hash_one(seed);
-        LockSession { id, renewing: AtomicBool::new(false) }
+        LockSession { id, renewing: AtomicBool::new(false), hello: Default::default() }
     }
 }
 

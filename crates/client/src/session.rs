@@ -23,17 +23,28 @@ async fn keep_saying_hello(meta: Weak<MetaConn>, client: u64, info: ClientInfo) 
 impl Client {
     /// Tells the metadata service who this client is, now and every `LOCK_RENEW` until the
     /// client is dropped; it lists the client meanwhile (`Client::sessions`).
+    /// A first hello that fails is reported, and the later ones are still made.
     pub fn announce(&self, info: ClientInfo) -> FsResult<()> {
         let client = self.inner.locks.id();
-        self.meta(MetaRequest::Hello { client, info: info.clone() })?;
         let meta = Arc::downgrade(&self.inner.meta);
-        self.inner.runtime.spawn(keep_saying_hello(meta, client, info));
-        Ok(())
+        let task = self.inner.runtime.spawn(keep_saying_hello(meta, client, info.clone()));
+        let previous = self.hello_task().replace(task.abort_handle());
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+        self.meta(MetaRequest::Hello { client, info }).map(|_| ())
     }
 
-    /// Tells the metadata service this client stops.
+    /// Tells the metadata service this client stops (and says hello no more).
     pub fn goodbye(&self) -> FsResult<()> {
+        if let Some(task) = self.hello_task().take() {
+            task.abort();
+        }
         self.meta(MetaRequest::Goodbye { client: self.inner.locks.id() }).map(|_| ())
+    }
+
+    fn hello_task(&self) -> std::sync::MutexGuard<'_, Option<tokio::task::AbortHandle>> {
+        self.inner.locks.hello.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The clients the metadata service heard from lately.

@@ -451,9 +451,9 @@ pub enum MetaRequest {
 }
 
 /// Most client sessions the metadata service lists at once.
-pub const CLIENT_SESSIONS_MAX: usize = 1 << 16;
+pub const CLIENT_SESSIONS_MAX: usize = 4096;
 /// Longest text field of a [`ClientInfo`] (bytes); longer ones are refused (`Invalid`).
-pub const CLIENT_INFO_TEXT_MAX: usize = 4096;
+pub const CLIENT_INFO_TEXT_MAX: usize = 256;
 
 /// What a client tells about itself ([`MetaRequest::Hello`]).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -684,12 +684,12 @@ pub enum MetaReply {
     Done,
     Analytics(Analytics),
     Lock(Option<LockHolder>),
-    Clients(Vec<ClientSession>),
     /// `ExtendSize`: the size and mtime the file had just before.
     Extended {
         size_before: u64,
         mtime_before: Timestamp,
     },
+    Clients(Vec<ClientSession>),
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

@@ -87,7 +87,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     let info = ClientInfo {
         kind: "fuse".into(),
         mount: mountpoint.display().to_string(),
-        host: host.trim().to_string(),
+        host: if host.trim().is_empty() { "unknown host".into() } else { host.trim().to_string() },
         pid: std::process::id(),
     };
     if let Err(e) = client.announce(info) {
@@ -107,7 +107,9 @@ pub fn run(args: MountArgs) -> Result<()> {
     if let Err(e) = client.sync_meta() {
         tracing::warn!(%e, "removing the chunks of removed files at unmount");
     }
-    let _ = client.goodbye();
+    if let Err(e) = client.goodbye() {
+        tracing::warn!(%e, "telling the node this mount stops (it drops it from its list in 30 s)");
+    }
     drop(client);
     runtime.shutdown_timeout(Duration::from_secs(5));
     if unmounted_outside {
