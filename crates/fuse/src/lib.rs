@@ -315,6 +315,17 @@ const GENERATION: Generation = Generation(0);
 /// metadata service's own cookies, whose real entries start above 2.
 const DIR_OFFSET_DOTDOT: u64 = 2;
 
+/// Makes the kernel drop its cached attributes of `ino` (not its pages: that waits for no
+/// page and no request, so a request thread may do it). Its next read asks for them, and a
+/// changed size or mtime then drops the pages (AUTO_INVAL_DATA).
+fn drop_cached_attrs(notifier: Option<&fuser::Notifier>, ino: u64) {
+    if let Some(notifier) = notifier
+        && let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0)
+    {
+        tracing::debug!(ino, error = %e, "invalidating cached attributes");
+    }
+}
+
 /// A lock type of fcntl (F_RDLCK, F_WRLCK, F_UNLCK).
 fn lock_kind(typ: i32) -> Option<LockKind> {
     match typ {
@@ -428,11 +439,7 @@ impl StriaFs {
         if self.client.cache_is_current(attr) {
             return true;
         }
-        if let Some(notifier) = self.notifier.get()
-            && let Err(e) = notifier.inval_inode(INodeNo(attr.ino), -1, 0)
-        {
-            tracing::debug!(ino = attr.ino, error = %e, "invalidating cached attributes");
-        }
+        drop_cached_attrs(self.notifier.get(), attr.ino);
         false
     }
 

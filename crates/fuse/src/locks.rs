@@ -151,11 +151,7 @@ pub(crate) fn taken(
             release_locks(client, ino, owner);
         } else {
             client.forget_cached(ino);
-            if let Some(notifier) = notifier
-                && let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0)
-            {
-                tracing::debug!(ino, error = %e, "invalidating cached attributes at a lock");
-            }
+            crate::drop_cached_attrs(notifier, ino);
         }
     }
     result
