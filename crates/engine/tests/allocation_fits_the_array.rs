@@ -28,5 +28,4 @@ fn small_chunks_take_blocks_and_large_writes_take_whole_stripes() {
     }
     assert_eq!(engine.locate(chunk(3, 0), 0).expect("locate"), None);
     drop(engine);
-    let _ = std::fs::remove_dir_all(&dir);
 }

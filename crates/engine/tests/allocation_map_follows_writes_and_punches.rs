@@ -165,7 +165,6 @@ fn run(seed: u64, steps: usize) {
     check(&engine, &model, seed, steps);
     assert_eq!(engine.space().chunks, model.len() as u64, "seed {seed}: chunk count");
     drop(engine);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -208,5 +207,4 @@ fn discard_frees_the_blocks_of_an_emptied_chunk() {
     assert!(!engine.discard(c, 0, 4096).expect("discard missing"));
     assert_eq!(engine.mapped_runs(c).expect("runs"), Vec::new());
     drop(engine);
-    let _ = std::fs::remove_dir_all(&dir);
 }

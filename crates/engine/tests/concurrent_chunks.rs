@@ -63,5 +63,4 @@ fn threads_writing_their_own_chunks_read_back_their_data() {
     }
     assert_eq!(engine.space().chunks, THREADS * 3 + 1);
     drop(engine);
-    let _ = std::fs::remove_dir_all(&dir);
 }

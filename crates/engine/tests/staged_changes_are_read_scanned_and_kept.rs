@@ -90,5 +90,4 @@ fn every_reader_sees_staged_changes_and_a_sync_keeps_them() {
     let engine = Engine::open(array, &dir).expect("reopen");
     check_scans(&engine, &model, "after a sync and a reopen");
     check_reads(&engine, &model, "after a sync and a reopen");
-    let _ = std::fs::remove_dir_all(&dir);
 }

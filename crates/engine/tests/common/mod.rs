@@ -55,7 +55,29 @@ pub fn chunk(object: u64, index: u64) -> ChunkId {
     ChunkId { object: ObjectId(object), index }
 }
 
-pub fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A fresh directory for a chunk map, removed when the test drops it (also when it panics).
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!(
         "stria-engine-{name}-{}-{}",
         std::process::id(),
@@ -65,7 +87,7 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
             .unwrap_or(0)
     ));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    TempDir(dir)
 }
 
 /// The reference: a chunk is its bytes.
