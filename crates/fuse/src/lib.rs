@@ -467,6 +467,7 @@ impl Filesystem for StriaFs {
         // it, libaio against the mount runs one request at a time per file).
         // AUTO_INVAL_DATA: cached pages go when a refreshed mtime differs (another client
         // wrote); the writeback cache, when asked for, makes the kernel ignore that.
+        // POSIX_LOCKS and FLOCK_LOCKS hand fcntl and flock locks to us (`locks`).
         let cache = if self.writeback_cache {
             InitFlags::FUSE_WRITEBACK_CACHE
         } else {
@@ -477,7 +478,8 @@ impl Filesystem for StriaFs {
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_POSIX_LOCKS;
+            | InitFlags::FUSE_POSIX_LOCKS
+            | InitFlags::FUSE_FLOCK_LOCKS;
         if let Err(refused) = config.add_capabilities(wanted) {
             tracing::info!(?refused, "the kernel does not offer every FUSE capability we use");
         }

@@ -5,6 +5,14 @@
 //! expects it to drop an owner's locks on a file when the owner closes it: the FLUSH of every
 //! close names the owner. A read-only handle sends no FLUSH (`FOPEN_NOFLUSH`), so its RELEASE
 //! drops what was locked through it.
+//!
+//! With `FUSE_FLOCK_LOCKS` offered too, the kernel sends flock(2) as a lock over the whole file
+//! whose owner is the open file (the kernel's own emulation of flock over POSIX locks, as NFS
+//! does): dups and forks share it, another open of the file is another owner, and the FLUSH
+//! of a close (owned by the process) leaves it. The RELEASE of the open file's last close
+//! drops it, being a handle the owner locked through. fuser does not pass the flock mark on,
+//! so flock and fcntl locks on one file meet in one table and exclude each other (on a local
+//! file system they are independent).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

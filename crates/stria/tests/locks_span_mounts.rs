@@ -4,7 +4,9 @@
 //! partial unlock frees only its part, F_SETLKW waits until the holder closes the file, data
 //! written under a lock is what the next holder on the other mount reads, a
 //! read-only handle's locks go with its close, many waiters leave the mount serving the rest,
-//! and a waiter killed with SIGKILL exits instead of hanging in the kernel.
+//! and a waiter killed with SIGKILL exits instead of hanging in the kernel. flock(2) locks hold
+//! across the mounts too, with flock's ownership: per open file, kept by dups, dropped at
+//! the open file's last close.
 
 #![allow(clippy::unwrap_used)]
 
@@ -226,4 +228,89 @@ fn byte_range_locks_hold_across_mounts() {
     let status = reap_within(child, "the waiter did not get the freed lock");
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
     drop(b);
+}
+
+/// flock(2) on `fd`: Ok or the errno.
+fn flock_file(fd: i32, operation: i32) -> Result<(), i32> {
+    // SAFETY: flock on a valid descriptor.
+    if unsafe { libc::flock(fd, operation) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+/// Polls flock(LOCK_NB) until it is granted (the lock an open file held goes with the RELEASE
+/// the kernel sends after its last `close` returned).
+fn eventually_flock(fd: i32, operation: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match flock_file(fd, operation | libc::LOCK_NB) {
+            Ok(()) => return,
+            Err(libc::EWOULDBLOCK) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{what}: still refused (errno {e}) 10 s after the holder closed"),
+        }
+    }
+}
+
+#[test]
+fn flock_locks_hold_across_mounts() {
+    require_fuse();
+    let dir = scratch("flocks");
+    let node = Node::start(&dir, &ARGS);
+    let second = SecondMount::start(&node, &dir.join("m2"));
+    let (m1, m2) = (node.mount.clone(), second.path.clone());
+    std::fs::write(m1.join("flocked"), b"shared").unwrap();
+    const NB: i32 = libc::LOCK_NB;
+
+    let a = open_rw(&m1.join("flocked"));
+    let b = open_rw(&m2.join("flocked"));
+    let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+    flock_file(fa, libc::LOCK_EX | NB).unwrap();
+    assert_eq!(flock_file(fb, libc::LOCK_EX | NB), Err(libc::EWOULDBLOCK), "other mount");
+    assert_eq!(flock_file(fb, libc::LOCK_SH | NB), Err(libc::EWOULDBLOCK), "shared vs exclusive");
+    // flock's owner is the open file: another open in this same process is excluded too.
+    let other_open = open_rw(&m1.join("flocked"));
+    assert_eq!(flock_file(other_open.as_raw_fd(), libc::LOCK_EX | NB), Err(libc::EWOULDBLOCK));
+    drop(other_open);
+    // A dup shares the open file: closing it (a FLUSH from this process) keeps the lock.
+    let dup = a.try_clone().unwrap();
+    drop(dup);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        flock_file(fb, libc::LOCK_EX | NB),
+        Err(libc::EWOULDBLOCK),
+        "kept after a dup's close"
+    );
+    // fuser does not tell a flock from a POSIX lock: the two kinds exclude each other here
+    // (as on NFS), where a local file system keeps them apart.
+    assert_eq!(set_lock(fb, false, libc::F_WRLCK, 0, 1), Err(libc::EAGAIN));
+
+    // Unlocked, shared locks share across the mounts and keep out an exclusive one.
+    flock_file(fa, libc::LOCK_UN).unwrap();
+    flock_file(fb, libc::LOCK_SH | NB).unwrap();
+    flock_file(fa, libc::LOCK_SH | NB).unwrap();
+    assert_eq!(
+        flock_file(fa, libc::LOCK_EX | NB),
+        Err(libc::EWOULDBLOCK),
+        "an upgrade past a reader"
+    );
+
+    // A blocking flock through m1 waits for both readers: m1's own lets go with LOCK_UN, m2's
+    // with the last close of its open file.
+    let c = open_rw(&m1.join("flocked"));
+    let fc = c.as_raw_fd();
+    flock_file(fa, libc::LOCK_UN).unwrap();
+    let waiter = std::thread::spawn(move || flock_file(fc, libc::LOCK_EX));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "flock(LOCK_EX) returned while m2 held a shared lock");
+    drop(b);
+    assert_eq!(join_within(waiter, "flock(LOCK_EX) after the reader closed"), Ok(()));
+    let d = open_rw(&m2.join("flocked"));
+    assert_eq!(flock_file(d.as_raw_fd(), libc::LOCK_SH | NB), Err(libc::EWOULDBLOCK));
+    drop(c);
+    eventually_flock(d.as_raw_fd(), libc::LOCK_EX, "the closed holder's flock");
+    drop((a, d));
 }
