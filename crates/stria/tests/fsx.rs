@@ -7,6 +7,12 @@
 //!   STRIA_FSX_OPS=2000000 cargo test -p stria --test fsx -- --nocapture
 //! and to replay a failure, STRIA_FSX_SEED=<the seed it printed>. STRIA_FSX_WRITEBACK=1 runs
 //! it on a mount with the kernel's writeback cache (`stria up --writeback-cache`).
+//!
+//! `two_mounts_hand_files_over_with_close_to_open` runs a like sequence over two mounts of one
+//! node (`stria up`'s and a `stria mount`): each file is open on one mount at a time and moves
+//! to the other through a close and an open, which is what close-to-open consistency promises;
+//! files are also replaced by a rename from the other mount while this one has the name cached.
+//! STRIA_FSX_OPS and STRIA_FSX_SEED apply to it too.
 
 mod support;
 
@@ -15,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use support::node::{Node, require_fuse, scratch};
+use support::node::{Node, SecondMount, require_fuse, scratch};
 
 /// Files are kept under this size so the model stays small; large enough to span chunks of
 /// the default 1 MiB stripe.
@@ -131,17 +137,40 @@ fn mmap_read(file: &File, offset: usize, len: usize, size: usize) -> Vec<u8> {
     }
 }
 
-#[test]
-fn random_file_operations_match_a_model() {
-    require_fuse();
+/// The seed (STRIA_FSX_SEED, else the clock) and the operation count (STRIA_FSX_OPS, else
+/// `default_ops`), printed so a failure can be replayed.
+fn seed_and_ops(default_ops: u64) -> (u64, u64) {
     let seed =
         std::env::var("STRIA_FSX_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
-    let ops: u64 = std::env::var("STRIA_FSX_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(1500);
+    let ops = std::env::var("STRIA_FSX_OPS").ok().and_then(|s| s.parse().ok());
+    let ops = ops.unwrap_or(default_ops);
     println!("fsx: seed {seed}, {ops} operations (replay with STRIA_FSX_SEED={seed})");
+    (seed, ops)
+}
+
+/// A write of up to [`Rng::len`] bytes anywhere up to a little past the end: its offset and
+/// bytes, already applied to `model`.
+fn random_write(rng: &mut Rng, model: &mut Vec<u8>) -> (u64, Vec<u8>) {
+    let size = model.len() as u64;
+    let offset = rng.below((size + (256 << 10)).min(FILE_BYTES_MAX));
+    let len = rng.len().min(FILE_BYTES_MAX - offset).max(1);
+    let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+    let end = (offset + len) as usize;
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(&data);
+    (offset, data)
+}
+
+#[test]
+fn random_file_operations_match_a_model() {
+    require_fuse();
+    let (seed, ops) = seed_and_ops(1500);
     let dir = scratch("fsx");
     let mut args = vec!["--drives", "4", "--drive-size", "256M", "--raid", "5"];
     if std::env::var_os("STRIA_FSX_WRITEBACK").is_some() {
@@ -166,16 +195,10 @@ fn random_file_operations_match_a_model() {
         match op {
             // Write: anywhere up to a little past the end (leaving a hole).
             0..=39 => {
-                let offset = rng.below((size + (256 << 10)).min(FILE_BYTES_MAX));
-                let len = rng.len().min(FILE_BYTES_MAX - offset).max(1);
-                let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let (offset, data) = random_write(&mut rng, &mut s.model);
+                let len = data.len();
                 log.push(format!("#{n} write {} at {offset} len {len}", s.path.display()));
                 s.file.write_all_at(&data, offset).expect("write");
-                let end = (offset + len) as usize;
-                if s.model.len() < end {
-                    s.model.resize(end, 0);
-                }
-                s.model[offset as usize..end].copy_from_slice(&data);
                 counts[0] += 1;
             }
             // Read a range through either handle.
@@ -258,6 +281,163 @@ fn random_file_operations_match_a_model() {
     println!(
         "fsx: seed {seed}: writes {} reads {} truncates {} mmap-reads {} stats {} fsyncs {} reopens {} verifies {}",
         counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6], counts[7]
+    );
+    assert!(counts.iter().all(|c| *c > 0) || ops < 200, "every kind of operation ran: {counts:?}");
+}
+
+/// One file of the two-mount run: its name, the mount it is open on now, that mount's
+/// handle, and the model.
+struct Handed {
+    name: String,
+    on: usize,
+    file: File,
+    model: Vec<u8>,
+}
+
+/// Closes `file` (leaving /dev/null in its place) before anything else is opened.
+fn close(file: &mut File) {
+    drop(std::mem::replace(file, File::open("/dev/null").expect("open /dev/null")));
+}
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).expect("open")
+}
+
+#[test]
+fn two_mounts_hand_files_over_with_close_to_open() {
+    require_fuse();
+    let (seed, ops) = seed_and_ops(1200);
+    let dir = scratch("fsx-two");
+    let node = Node::start(&dir, &["--drives", "4", "--drive-size", "256M", "--raid", "5"]);
+    let second = SecondMount::start(&node, &dir.join("m2"));
+    let mounts = [node.mount.clone(), second.path.clone()];
+    let mut rng = Rng(seed);
+    let mut log = Log(Vec::new());
+    let mut files: Vec<Handed> = (0..FILES)
+        .map(|i| {
+            let name = format!("two{i}");
+            let on = i % 2;
+            let file = open_rw(&mounts[on].join(&name));
+            Handed { name, on, file, model: Vec::new() }
+        })
+        .collect();
+    let mut counts = [0u64; 7];
+    for n in 0..ops {
+        let f = &mut files[rng.below(FILES as u64) as usize];
+        let size = f.model.len() as u64;
+        let here = mounts[f.on].join(&f.name);
+        match rng.below(100) {
+            0..=39 => {
+                let (offset, data) = random_write(&mut rng, &mut f.model);
+                log.push(format!(
+                    "#{n} m{} write {} at {offset} len {}",
+                    f.on + 1,
+                    f.name,
+                    data.len()
+                ));
+                f.file.write_all_at(&data, offset).expect("write");
+                counts[0] += 1;
+            }
+            40..=54 => {
+                let offset = rng.below(size + 4096);
+                let len = rng.len() as usize;
+                log.push(format!("#{n} m{} read {} at {offset} len {len}", f.on + 1, f.name));
+                let got = read_exact_at(&f.file, offset, len);
+                let start = (offset as usize).min(f.model.len());
+                let end = (offset as usize + len).min(f.model.len());
+                check(seed, &log, "read", &got, &f.model[start..end]);
+                counts[1] += 1;
+            }
+            55..=62 => {
+                let to =
+                    if rng.below(2) == 0 { rng.below(size + 1) } else { rng.below(FILE_BYTES_MAX) };
+                log.push(format!("#{n} m{} truncate {} to {to}", f.on + 1, f.name));
+                f.file.set_len(to).expect("truncate");
+                f.model.resize(to as usize, 0);
+                counts[2] += 1;
+            }
+            63..=70 => {
+                log.push(format!("#{n} m{} stat {}", f.on + 1, f.name));
+                let a = f.file.metadata().expect("fstat").len();
+                let b = std::fs::metadata(&here).expect("stat").len();
+                if a != size || b != size {
+                    panic!(
+                        "fsx seed {seed}: size on m{}: fstat {a}, stat {b}, model {size}\n  {}",
+                        f.on + 1,
+                        log.0.join("\n  ")
+                    );
+                }
+                counts[3] += 1;
+            }
+            // Hand the file over: close it here, open it on a mount picked at random (the
+            // other one mostly), and read all of it there, through the page cache that mount
+            // may still hold from an earlier turn, and through a mapping.
+            71..=89 => {
+                let to = if rng.below(4) == 0 { f.on } else { 1 - f.on };
+                log.push(format!("#{n} hand {} from m{} to m{}", f.name, f.on + 1, to + 1));
+                let there = mounts[to].join(&f.name);
+                close(&mut f.file);
+                f.file = open_rw(&there);
+                f.on = to;
+                let got = read_exact_at(&f.file, 0, f.model.len() + 4096);
+                check(seed, &log, "whole file after the hand-over", &got, &f.model);
+                if size > 0 && rng.below(2) == 0 {
+                    let got = mmap_read(&f.file, 0, size as usize, size as usize);
+                    check(seed, &log, "mmap read after the hand-over", &got, &f.model);
+                }
+                counts[4] += 1;
+            }
+            // Replace the file from the other mount, as editors and rsync do (new bytes under
+            // a temporary name, renamed over it) or by removing it and creating it anew, while
+            // this mount has the old name cached.
+            90..=95 => {
+                let other = 1 - f.on;
+                log.push(format!("#{n} replace {} from m{}", f.name, other + 1));
+                close(&mut f.file);
+                let mut model = Vec::new();
+                let (offset, data) = random_write(&mut rng, &mut model);
+                let target = mounts[other].join(&f.name);
+                if rng.below(2) == 0 {
+                    let temp = mounts[other].join(format!("{}.new", f.name));
+                    let replacement = open_rw(&temp);
+                    replacement.write_all_at(&data, offset).expect("write replacement");
+                    drop(replacement);
+                    std::fs::rename(&temp, &target).expect("rename over");
+                } else {
+                    // Or removed and made anew under the same name.
+                    std::fs::remove_file(&target).expect("unlink");
+                    let new = OpenOptions::new().write(true).create_new(true).open(&target);
+                    new.expect("create anew").write_all_at(&data, offset).expect("write anew");
+                }
+                f.model = model;
+                f.file = open_rw(&here);
+                let got = read_exact_at(&f.file, 0, f.model.len() + 4096);
+                check(
+                    seed,
+                    &log,
+                    "the replaced file through the mount that cached the old name",
+                    &got,
+                    &f.model,
+                );
+                counts[5] += 1;
+            }
+            _ => {
+                log.push(format!("#{n} m{} fsync {}", f.on + 1, f.name));
+                f.file.sync_all().expect("fsync");
+                counts[6] += 1;
+            }
+        }
+    }
+    for f in files.drain(..) {
+        drop(f.file);
+        for (i, mount) in mounts.iter().enumerate() {
+            let got = std::fs::read(mount.join(&f.name)).expect("read whole");
+            check(seed, &log, &format!("final whole file on m{}", i + 1), &got, &f.model);
+        }
+    }
+    println!(
+        "fsx two mounts: seed {seed}: writes {} reads {} truncates {} stats {} hand-overs {} replaces {} fsyncs {}",
+        counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6]
     );
     assert!(counts.iter().all(|c| *c > 0) || ops < 200, "every kind of operation ran: {counts:?}");
 }
