@@ -250,6 +250,7 @@ impl Client {
             rdev,
             exclusive,
             open: None,
+            client: self.inner.locks.id(),
         })
     }
 
@@ -274,6 +275,7 @@ impl Client {
             rdev: 0,
             exclusive,
             open: Some(mask),
+            client: self.inner.locks.id(),
         };
         let since = self.inner.files.publishes();
         match self.meta(request)? {
@@ -414,11 +416,15 @@ impl Client {
     /// Opens a file for I/O (`mask`: the R_OK/W_OK bits the open needs).
     pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
         let since = self.inner.files.publishes();
-        let (attr, inline) =
-            match self.meta(MetaRequest::Open { caller: caller.clone(), ino, mask })? {
-                MetaReply::Open { attr, inline, .. } => (attr, inline),
-                other => return Err(unexpected(&other)),
-            };
+        let (attr, inline) = match self.meta(MetaRequest::Open {
+            caller: caller.clone(),
+            ino,
+            mask,
+            client: self.inner.locks.id(),
+        })? {
+            MetaReply::Open { attr, inline, .. } => (attr, inline),
+            other => return Err(unexpected(&other)),
+        };
         let fh = self.inner.files.open(&attr, inline, opens_for_writing(mask));
         Ok((fh, self.inner.files.overlay(attr, since)))
     }
@@ -496,7 +502,8 @@ impl Client {
         let file = self.inner.files.get(fh)?;
         let flushed = self.flush_own(&file);
         self.inner.files.close(fh);
-        let released = self.meta_at(MetaRequest::Release { ino: file.ino })?;
+        let released =
+            self.meta_at(MetaRequest::Release { ino: file.ino, client: self.inner.locks.id() })?;
         self.release_inode(released)?;
         flushed
     }

@@ -32,7 +32,7 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
-    /// This client's id in its locks and its session.
+    /// This client's id in its locks, its opens and its session.
     pub fn id(&self) -> u64 {
         self.id
     }

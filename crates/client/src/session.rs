@@ -1,13 +1,44 @@
 //! This client's session with the metadata service: who it is (`Hello`, repeated every
 //! `LOCK_RENEW` while it runs, so the management API can list it) and its goodbye. Its id is
-//! the one its byte-range locks carry.
+//! the one its byte-range locks and its opens carry. A node's own client also ends, every
+//! `LOCK_RENEW`, the sessions of clients gone silent, and removes the chunks of the unlinked
+//! files only they still had open (`ExpireClients`).
 
 use std::sync::{Arc, Weak};
 
-use stria_proto::wire::{ClientInfo, ClientSession, LOCK_RENEW, MetaReply, MetaRequest};
+use stria_proto::wire::{ClientInfo, ClientSession, LOCK_RENEW, MetaReply, MetaRequest, Released};
 
+use crate::purge::Purger;
 use crate::transport::MetaConn;
 use crate::{Client, FsResult, unexpected};
+
+/// One `ExpireClients`: the purged files' chunks go to the purge queue. How many files it
+/// purged.
+async fn expire_once(meta: &MetaConn, purger: &Purger) -> FsResult<usize> {
+    let (epoch, reply) = meta.call_at(MetaRequest::ExpireClients).await?;
+    let MetaReply::Expired(purged) = reply else { return Err(unexpected(&reply)) };
+    let count = purged.len();
+    for Released { ino, layout } in purged {
+        if let Some(layout) = layout {
+            purger.push(ino, layout, epoch);
+        }
+    }
+    Ok(count)
+}
+
+async fn keep_expiring(meta: Weak<MetaConn>, purger: Weak<Purger>) {
+    loop {
+        tokio::time::sleep(LOCK_RENEW).await;
+        let (Some(meta), Some(purger)) = (meta.upgrade(), purger.upgrade()) else { return };
+        match expire_once(&meta, &purger).await {
+            Ok(0) => {}
+            Ok(files) => {
+                tracing::info!(files, "purged unlinked files that only ended clients had open")
+            }
+            Err(e) => tracing::warn!(%e, "ending the sessions of silent clients"),
+        }
+    }
+}
 
 async fn keep_saying_hello(meta: Weak<MetaConn>, client: u64, info: ClientInfo) {
     loop {
@@ -45,6 +76,20 @@ impl Client {
 
     fn hello_task(&self) -> std::sync::MutexGuard<'_, Option<tokio::task::AbortHandle>> {
         self.inner.locks.hello.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the sessions of clients gone silent for a lease, now and every `LOCK_RENEW` until
+    /// this client is dropped: the files they still had open count as closed, and the
+    /// unlinked ones among them lose their chunks. For a node's own client (one per node).
+    pub fn start_expiring_clients(&self) {
+        let meta = Arc::downgrade(&self.inner.meta);
+        let purger = Arc::downgrade(&self.inner.purger);
+        self.inner.runtime.spawn(keep_expiring(meta, purger));
+    }
+
+    /// One round of [`Client::start_expiring_clients`]: how many files it purged.
+    pub fn expire_clients(&self) -> FsResult<usize> {
+        self.block(expire_once(&self.inner.meta, &self.inner.purger))
     }
 
     /// The clients the metadata service heard from lately.

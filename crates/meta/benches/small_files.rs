@@ -58,14 +58,14 @@ fn main() {
         let name = format!("f{i}");
         assert!(meta.lookup(parent, name.as_bytes(), &caller).is_err(), "{name} exists");
         let attr = meta.create(parent, name.as_bytes(), 0o644, &caller).expect("create");
-        meta.open_file(attr.ino).expect("open");
+        meta.open_file(attr.ino, 1).expect("open");
         // The first write: an empty file moves to chunks with its new size in one commit
         // (`SpillSized`); the close then finds the size published (a read).
         let mtime = Timestamp::now();
         let spilled = meta.spill(attr.ino, Some((4096, mtime))).expect("spill");
         assert!(matches!(spilled, Spilled::Chunked(_)), "{spilled:?}");
         meta.extend_size(attr.ino, 4096, mtime).expect("size");
-        meta.release(attr.ino).expect("release");
+        meta.release(attr.ino, 1).expect("release");
     });
     assert_eq!(meta.usage_total().expect("usage").files, (threads * files) as u64);
     phase("remove", &|parent, i| {

@@ -13,6 +13,7 @@ mod names;
 mod namespace;
 mod perm;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
+mod opens;
 #[doc(hidden)]
 pub mod record;
 mod rename;
@@ -23,7 +24,6 @@ mod store;
 mod types;
 mod xattr;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableDatabase, WriteTransaction};
-use stria_proto::fs::{Ino, LayoutPolicy, ROOT_INO, TargetId};
+use stria_proto::fs::{LayoutPolicy, ROOT_INO, TargetId};
 
 pub use error::{MetaError, Result};
 pub use types::*;
@@ -106,9 +106,10 @@ impl fmt::Debug for MetaOptions {
 pub struct Meta {
     db: Database,
     options: MetaOptions,
-    /// Open handles per inode (this process only): an unlinked file keeps its data until
-    /// the last `release`. Locked before any write transaction that may drop an inode.
-    opens: Mutex<HashMap<Ino, u32>>,
+    /// Open handles per inode and client (this process only, see `opens`): an unlinked file
+    /// keeps its data until the last `release`. Locked before any write transaction that may
+    /// drop an inode.
+    opens: Mutex<opens::Opens>,
     /// Rotating start offset for picking targets, so files spread evenly.
     target_rotor: AtomicU64,
     /// Usage counter changes of lazy commits, not yet in the counter tables (see
@@ -189,7 +190,7 @@ impl Meta {
         let meta = Meta {
             db,
             options,
-            opens: Mutex::new(HashMap::new()),
+            opens: Mutex::new(opens::Opens::default()),
             target_rotor: AtomicU64::new(0),
             counters: Mutex::new(Deltas::default()),
             batch: Mutex::new(Batch::default()),
@@ -514,7 +515,7 @@ impl Meta {
         f(&*self.snapshot()?)
     }
 
-    pub(crate) fn lock_opens(&self) -> MutexGuard<'_, HashMap<Ino, u32>> {
+    pub(crate) fn lock_opens(&self) -> MutexGuard<'_, opens::Opens> {
         self.opens.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -584,7 +585,7 @@ impl Drop for Meta {
 #[cfg(test)]
 mod tests {
     use redb::ReadableTable;
-    use stria_proto::fs::FsStatus;
+    use stria_proto::fs::{FsStatus, Ino};
 
     use super::*;
 

@@ -1,12 +1,11 @@
 //! Names: lookup, create, mkdir, mknod, symlink, link, unlink, rmdir, readdir, and the
 //! open-handle counting that keeps unlinked files alive until their last close.
 
-use std::collections::HashMap;
-
 use redb::ReadableTable;
 use stria_proto::fs::{FsStatus, Ino, ROOT_INO, SYMLINK_BYTES_MAX};
 
 use crate::error::{Result, fs};
+use crate::opens::{Opens, Release};
 use crate::perm;
 use crate::record::{Body, DirBody, FIRST_SEQ, FileData, Inode, extension_of};
 use crate::store::Tx;
@@ -314,27 +313,23 @@ impl Meta {
         })
     }
 
-    /// Counts an open handle of `ino`; while any is open an unlinked inode keeps its data.
-    pub fn open_file(&self, ino: Ino) -> Result<()> {
+    /// Counts an open handle of `ino` for `client`; while any is open an unlinked inode keeps
+    /// its data.
+    pub fn open_file(&self, ino: Ino, client: u64) -> Result<()> {
         let mut opens = self.lock_opens();
         self.read(|rx| rx.inode(ino).map(|_| ()))?;
-        *opens.entry(ino).or_insert(0) += 1;
+        opens.open(ino, client);
         Ok(())
     }
 
-    /// Drops an open handle. At the last one of an unlinked inode the inode is deleted and
-    /// its purge returned: the caller removes the chunks.
-    pub fn release(&self, ino: Ino) -> Result<Option<Purge>> {
+    /// Drops an open handle of `client`. At the last one of an unlinked inode the inode is
+    /// deleted and its purge returned: the caller removes the chunks. A client with no handle
+    /// of `ino` counted (its opens went with its session) changes nothing.
+    pub fn release(&self, ino: Ino, client: u64) -> Result<Option<Purge>> {
         let mut opens = self.lock_opens();
-        match opens.get_mut(&ino) {
-            Some(count) if *count > 1 => {
-                *count -= 1;
-                return Ok(None);
-            }
-            Some(_) => {
-                opens.remove(&ino);
-            }
-            None => return Err(fs(FsStatus::Invalid, "release without open")),
+        match opens.release(ino, client) {
+            Release::StillOpen | Release::NotOpen => return Ok(None),
+            Release::Last => {}
         }
         // Most closes are of files that still have a name: a read decides, no commit needed.
         if self.read(|rx| Ok(rx.inode(ino).map(|rec| rec.nlink > 0).unwrap_or(true)))? {
@@ -351,7 +346,39 @@ impl Meta {
 
     /// Handles open on `ino` in this process.
     pub fn open_count(&self, ino: Ino) -> u32 {
-        self.lock_opens().get(&ino).copied().unwrap_or(0)
+        self.lock_opens().count(ino)
+    }
+
+    /// The files `client` has open count as closed (its session ended without its closes);
+    /// the next [`Meta::expire_clients`] purges those of them that were unlinked.
+    pub fn drop_client_opens(&self, client: u64) {
+        self.lock_opens().drop_client(client);
+    }
+
+    /// Ends the sessions not heard from for a lease and drops their opens; then purges up to
+    /// `EXPIRED_PURGES_MAX` of the unlinked files left unopened by ended sessions (the rest
+    /// at the next call). The caller removes the purged files' chunks.
+    pub fn expire_clients(&self) -> Result<Vec<Purge>> {
+        let ended = self.sessions.expire();
+        let mut opens = self.lock_opens();
+        for client in ended {
+            opens.drop_client(client);
+        }
+        let candidates = opens.take_pending(stria_proto::wire::EXPIRED_PURGES_MAX);
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(|tx| {
+            let mut purged = Vec::new();
+            for ino in candidates {
+                match crate::store::load_inode(tx.tables.inodes.table()?, ino)? {
+                    Some(rec) if rec.nlink == 0 => purged.push(purge_inode(tx, ino, &rec)?),
+                    _ => {}
+                }
+            }
+            tx.unchanged = purged.is_empty();
+            Ok(purged)
+        })
     }
 
     /// Inodes with no name left that still hold data: open ones, and after a restart the
@@ -369,7 +396,7 @@ impl Meta {
     /// Deletes an orphan that is not open and returns what to remove from storage.
     pub fn purge(&self, ino: Ino) -> Result<Purge> {
         let opens = self.lock_opens();
-        if opens.contains_key(&ino) {
+        if opens.count(ino) > 0 {
             return Err(fs(FsStatus::Busy, "orphan still open"));
         }
         self.write(|tx| {
@@ -391,7 +418,7 @@ fn purge_inode(tx: &mut Tx<'_>, ino: Ino, rec: &Inode) -> Result<Purge> {
 /// was the last link and nobody has it open, makes it an orphan if someone does.
 pub(crate) fn drop_link(
     tx: &mut Tx<'_>,
-    opens: &HashMap<Ino, u32>,
+    opens: &Opens,
     ino: Ino,
     mut rec: Inode,
     now: Timestamp,
@@ -404,7 +431,7 @@ pub(crate) fn drop_link(
         tx.put_inode(ino, &rec)?;
         return Ok(Unlinked { ino, nlink: rec.nlink, purge: None });
     }
-    if opens.get(&ino).copied().unwrap_or(0) > 0 {
+    if opens.count(ino) > 0 {
         tx.put_inode(ino, &rec)?;
         tx.set_orphan(ino, now.secs)?;
         return Ok(Unlinked { ino, nlink: 0, purge: None });

@@ -126,7 +126,17 @@ impl MetaService {
                     old_size: outcome.old_size,
                 }
             }
-            MetaRequest::Create { caller, parent, name, kind, mode, rdev, exclusive, open } => {
+            MetaRequest::Create {
+                caller,
+                parent,
+                name,
+                kind,
+                mode,
+                rdev,
+                exclusive,
+                open,
+                client,
+            } => {
                 let node = match kind {
                     wire::FileKind::File => NodeKind::File,
                     wire::FileKind::Fifo => NodeKind::Fifo,
@@ -154,7 +164,7 @@ impl MetaService {
                     if !created {
                         meta.access(attr.ino, &caller, mask)?;
                     }
-                    meta.open_file(attr.ino)?;
+                    meta.open_file(attr.ino, client)?;
                     MetaReply::Open { attr: self.wire_attr(attr), inline: None, created }
                 } else {
                     self.attr(attr)?
@@ -191,15 +201,15 @@ impl MetaService {
                 meta.access(ino, &caller, mask)?;
                 MetaReply::Done
             }
-            MetaRequest::Open { caller, ino, mask } => {
+            MetaRequest::Open { caller, ino, mask, client } => {
                 if mask != 0 {
                     meta.access(ino, &caller, mask)?;
                 }
-                meta.open_file(ino)?;
+                meta.open_file(ino, client)?;
                 let attr = match meta.getattr(ino) {
                     Ok(attr) => self.wire_attr(attr),
                     Err(error) => {
-                        let _ = meta.release(ino);
+                        let _ = meta.release(ino, client);
                         return Err(error);
                     }
                 };
@@ -211,7 +221,9 @@ impl MetaService {
                 };
                 MetaReply::Open { attr, inline, created: false }
             }
-            MetaRequest::Release { ino } => MetaReply::Released(meta.release(ino)?.map(released)),
+            MetaRequest::Release { ino, client } => {
+                MetaReply::Released(meta.release(ino, client)?.map(released))
+            }
             MetaRequest::ReadInline { ino } => {
                 let attr = meta.getattr(ino)?;
                 let bytes = meta.read_inline(ino, 0, attr.size as usize)?;
@@ -263,10 +275,15 @@ impl MetaService {
                 MetaReply::Done
             }
             MetaRequest::Goodbye { client } => {
+                // Its handles are closed by now; any left count as closed.
                 meta.sessions().goodbye(client);
+                meta.drop_client_opens(client);
                 MetaReply::Done
             }
             MetaRequest::ListClients => MetaReply::Clients(meta.sessions().list()),
+            MetaRequest::ExpireClients => {
+                MetaReply::Expired(meta.expire_clients()?.into_iter().map(released).collect())
+            }
             MetaRequest::ExtendSize { ino, size, mtime } => {
                 let (_, (size_before, mtime_before)) = meta.extend_size_from(ino, size, mtime)?;
                 MetaReply::Extended { size_before, mtime_before }

@@ -1,7 +1,9 @@
 //! The clients of the namespace heard from lately: each says who it is (`Hello`) when it
 //! starts and again every `LOCK_RENEW`, and goodbye when it stops; one not heard from for a
 //! `LOCK_LEASE` is gone from the list. The management API lists them (`GET /clients`), so a
-//! mount on another machine shows there. Memory only, like the locks.
+//! mount on another machine shows there. A session that ends that way is kept aside until
+//! [`Sessions::expire`] takes it: the files its client still had open are then released
+//! (`Meta::expire_clients`). Memory only, like the locks.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,14 +21,42 @@ struct Session {
     last: Instant,
 }
 
+/// Most ended sessions kept for [`Sessions::expire`]; past it the oldest are forgotten, and
+/// their clients' opens stay counted until the service restarts (as before sessions ended).
+const ENDED_MAX: usize = 4 * CLIENT_SESSIONS_MAX;
+
+#[derive(Debug, Default)]
+struct State {
+    live: HashMap<u64, Session>,
+    /// Sessions that ran out, oldest first, not yet taken by `expire`.
+    ended: Vec<u64>,
+}
+
+impl State {
+    /// Moves the sessions not heard from within a lease to `ended`.
+    fn end_silent(&mut self, now: Instant) {
+        let ended = &mut self.ended;
+        self.live.retain(|&client, s| {
+            let alive = now.duration_since(s.last) <= LOCK_LEASE;
+            if !alive {
+                ended.push(client);
+            }
+            alive
+        });
+        if ended.len() > ENDED_MAX {
+            ended.drain(..ended.len() - ENDED_MAX);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Sessions {
-    sessions: Mutex<HashMap<u64, Session>>,
+    state: Mutex<State>,
 }
 
 impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Session>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `client` is alive and is `info`.
@@ -35,8 +65,9 @@ impl Sessions {
             return Err(FsStatus::Invalid);
         }
         let now = Instant::now();
-        let mut sessions = self.lock();
-        sessions.retain(|_, s| now.duration_since(s.last) <= LOCK_LEASE);
+        let mut state = self.lock();
+        state.end_silent(now);
+        let sessions = &mut state.live;
         if let Some(session) = sessions.get_mut(&client) {
             session.info = info;
             session.last = now;
@@ -51,15 +82,23 @@ impl Sessions {
     }
 
     pub fn goodbye(&self, client: u64) {
-        self.lock().remove(&client);
+        self.lock().live.remove(&client);
+    }
+
+    /// Ends the sessions not heard from within a lease and takes every ended session not
+    /// taken yet.
+    pub fn expire(&self) -> Vec<u64> {
+        let mut state = self.lock();
+        state.end_silent(Instant::now());
+        std::mem::take(&mut state.ended)
     }
 
     /// Every client heard from within the last lease, oldest first.
     pub fn list(&self) -> Vec<ClientSession> {
-        let now = Instant::now();
-        let mut sessions = self.lock();
-        sessions.retain(|_, s| now.duration_since(s.last) <= LOCK_LEASE);
-        let mut out: Vec<ClientSession> = sessions
+        let mut state = self.lock();
+        state.end_silent(Instant::now());
+        let mut out: Vec<ClientSession> = state
+            .live
             .iter()
             .map(|(&client, s)| ClientSession {
                 client,
@@ -94,10 +133,13 @@ mod tests {
         assert_eq!(list.iter().find(|c| c.client == 1).unwrap().info.mount, "/a2");
         s.goodbye(2);
         assert_eq!(s.list().len(), 1);
-        // Silent for longer than a lease: gone.
-        s.lock().get_mut(&1).unwrap().last =
+        assert!(s.expire().is_empty(), "a goodbye is not an expiry (the caller drops its opens)");
+        // Silent for longer than a lease: gone, and ended once.
+        s.lock().live.get_mut(&1).unwrap().last =
             Instant::now().checked_sub(LOCK_LEASE + Duration::from_secs(1)).unwrap();
         assert!(s.list().is_empty());
+        assert_eq!(s.expire(), vec![1]);
+        assert!(s.expire().is_empty());
     }
 
     #[test]

@@ -203,27 +203,68 @@ fn open_files_outlive_their_last_unlink() {
     let plan = m.spill_begin(f.ino).expect("plan");
     m.spill_commit(&plan).expect("commit");
     m.extend_size(f.ino, 4096, Timestamp::new(1, 0)).expect("grow");
-    m.open_file(f.ino).expect("open");
-    m.open_file(f.ino).expect("open twice");
+    m.open_file(f.ino, 1).expect("open");
+    m.open_file(f.ino, 1).expect("open twice");
     let u = m.unlink(ROOT_INO, b"f", &alice()).expect("unlink");
     assert_eq!((u.nlink, u.purge.clone()), (0, None));
     assert_eq!(m.orphans().expect("orphans"), vec![f.ino]);
     assert_eq!(m.getattr(f.ino).expect("still readable").nlink, 0);
     assert_eq!(status(m.purge(f.ino)), FsStatus::Busy);
     assert_eq!(m.usage_total().expect("usage").files, 0);
-    assert_eq!(m.release(f.ino).expect("release"), None);
-    let purge = m.release(f.ino).expect("last release").expect("purge now");
+    assert_eq!(m.release(f.ino, 1).expect("release"), None);
+    let purge = m.release(f.ino, 1).expect("last release").expect("purge now");
     assert_eq!(purge, Purge { ino: f.ino, size: 4096, layout: Some(plan.layout) });
     assert_eq!(status(m.getattr(f.ino)), FsStatus::NotFound);
     assert!(m.orphans().expect("orphans").is_empty());
-    assert_eq!(status(m.release(f.ino)), FsStatus::Invalid);
+    assert_eq!(m.release(f.ino, 1).expect("a release with nothing open"), None, "no change");
     // A rename that replaces an open file leaves an orphan too.
     let a = m.create(ROOT_INO, b"a", 0o644, &alice()).expect("a");
     m.create(ROOT_INO, b"b", 0o644, &alice()).expect("b");
-    m.open_file(a.ino).expect("open");
+    m.open_file(a.ino, 1).expect("open");
     let replaced =
         m.rename(ROOT_INO, b"b", ROOT_INO, b"a", RenameFlags::NONE, &alice()).expect("mv");
     assert_eq!(replaced.map(|u| (u.ino, u.purge)), Some((a.ino, None)));
     assert_eq!(m.orphans().expect("orphans"), vec![a.ino]);
-    assert!(m.release(a.ino).expect("release").is_some());
+    assert!(m.release(a.ino, 1).expect("release").is_some());
+}
+
+/// A client whose session ends with files still open (killed, or gone with its machine) has
+/// its opens dropped: an unlinked file only it held is purged by `expire_clients`, one that
+/// another client still holds waits for that client's release, and the late releases of the
+/// ended client change nothing.
+#[test]
+fn an_ended_client_s_opens_no_longer_keep_unlinked_files() {
+    let m = meta();
+    let spilled = |name: &[u8]| {
+        let f = m.create(ROOT_INO, name, 0o644, &alice()).expect("create");
+        let plan = m.spill_begin(f.ino).expect("plan");
+        m.spill_commit(&plan).expect("commit");
+        (f.ino, plan.layout)
+    };
+    let (only, only_layout) = spilled(b"only");
+    let (shared, shared_layout) = spilled(b"shared");
+    let kept = m.create(ROOT_INO, b"kept", 0o644, &alice()).expect("kept").ino;
+    let (dead, alive) = (7, 8);
+    m.open_file(only, dead).expect("open");
+    m.open_file(only, dead).expect("open twice");
+    m.open_file(shared, dead).expect("open");
+    m.open_file(shared, alive).expect("open");
+    m.open_file(kept, dead).expect("open a file that keeps its name");
+    m.unlink(ROOT_INO, b"only", &alice()).expect("unlink");
+    m.unlink(ROOT_INO, b"shared", &alice()).expect("unlink");
+    assert_eq!(m.expire_clients().expect("nothing ended yet"), Vec::new());
+
+    m.drop_client_opens(dead);
+    let purged = m.expire_clients().expect("expire");
+    assert_eq!(purged, vec![Purge { ino: only, size: 0, layout: Some(only_layout) }]);
+    assert_eq!(status(m.getattr(only)), FsStatus::NotFound);
+    assert_eq!(m.getattr(kept).expect("a named file stays").nlink, 1);
+    assert_eq!(m.orphans().expect("orphans"), vec![shared]);
+    assert_eq!(m.expire_clients().expect("again"), Vec::new(), "purged once");
+
+    assert_eq!(m.release(shared, dead).expect("late release"), None, "changes nothing");
+    assert_eq!(m.getattr(shared).expect("the live client's file").nlink, 0);
+    let purge = m.release(shared, alive).expect("release").expect("its last release purges");
+    assert_eq!(purge, Purge { ino: shared, size: 0, layout: Some(shared_layout) });
+    assert!(m.orphans().expect("orphans").is_empty());
 }

@@ -19,7 +19,7 @@ fn populate(m: &Meta) -> (Attr, Attr, Attr, SpillPlan) {
     m.link(big.ino, ROOT_INO, b"big-link", &alice()).expect("link");
     m.symlink(d.ino, b"ln", b"small.txt", &alice()).expect("symlink");
     m.setxattr(small.ino, b"user.tag", b"blue", XattrFlags::Create, &alice()).expect("xattr");
-    m.open_file(big.ino).expect("open");
+    m.open_file(big.ino, 1).expect("open");
     m.unlink(ROOT_INO, b"big-link", &alice()).expect("unlink one link");
     (d, small, big, plan)
 }
@@ -56,7 +56,7 @@ fn everything_survives_reopen() {
             let out = populate(&m);
             // The file is open and unlinked once: still linked from proj, so not an orphan.
             let f = m.create(ROOT_INO, b"doomed", 0o644, &alice()).expect("doomed");
-            m.open_file(f.ino).expect("open");
+            m.open_file(f.ino, 1).expect("open");
             m.unlink(ROOT_INO, b"doomed", &alice()).expect("unlink open file");
             assert_eq!(m.orphans().expect("orphans"), vec![f.ino]);
             m.sync().expect("sync");

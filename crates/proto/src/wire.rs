@@ -264,6 +264,8 @@ pub enum MetaRequest {
         /// its mode; a file that already existed (not `exclusive`, another client was first)
         /// is checked against the mask like any open.
         open: Option<u32>,
+        /// The client the open is counted for (its session id, see `Hello`).
+        client: u64,
     },
     Mkdir {
         caller: Caller,
@@ -321,6 +323,8 @@ pub enum MetaRequest {
         caller: Caller,
         ino: Ino,
         mask: u32,
+        /// The client the open is counted for (its session id, see `Hello`).
+        client: u64,
     },
     ReadInline {
         ino: Ino,
@@ -344,10 +348,12 @@ pub enum MetaRequest {
         layout: FileLayout,
         version: u64,
     },
-    /// The close of a handle opened with `Open`: an unlinked file is purged at its last
-    /// release, and the reply names the chunks to remove.
+    /// The close of a handle `client` opened with `Open`: an unlinked file is purged at its
+    /// last release, and the reply names the chunks to remove. A release the client has no
+    /// open left for (they went with its session, `ExpireClients`) changes nothing.
     Release {
         ino: Ino,
+        client: u64,
     },
     /// Raises the size to at least `size` and sets mtime (data written through chunks);
     /// answered with `Extended` (the version before).
@@ -442,13 +448,23 @@ pub enum MetaRequest {
         client: u64,
         info: ClientInfo,
     },
-    /// The client stops: its session goes from the list at once.
+    /// The client stops: its session goes from the list at once, and the files it still
+    /// counts as open are released at the next `ExpireClients`.
     Goodbye {
         client: u64,
     },
     /// The sessions heard from within the last `LOCK_LEASE`: `Clients`.
     ListClients,
+    /// Ends the sessions not heard from for a `LOCK_LEASE` (and those that said goodbye): the
+    /// files their clients still had open are released, as their closes would have, and the
+    /// unlinked ones among them purged: `Expired` names their chunks for the caller to remove
+    /// (at most `EXPIRED_PURGES_MAX`; the rest come with the next call). Clients that never
+    /// said hello (a node's own mount) keep their opens.
+    ExpireClients,
 }
+
+/// Most purges one [`MetaReply::Expired`] carries.
+pub const EXPIRED_PURGES_MAX: usize = 1024;
 
 /// Most client sessions the metadata service lists at once.
 pub const CLIENT_SESSIONS_MAX: usize = 4096;
@@ -561,7 +577,8 @@ impl MetaRequest {
             | MetaRequest::RenewLocks { .. }
             | MetaRequest::Hello { .. }
             | MetaRequest::Goodbye { .. }
-            | MetaRequest::ListClients => Vec::new(),
+            | MetaRequest::ListClients
+            | MetaRequest::ExpireClients => Vec::new(),
         }
     }
 
@@ -651,6 +668,7 @@ impl MetaRequest {
             MetaRequest::Hello { .. } => "hello",
             MetaRequest::Goodbye { .. } => "goodbye",
             MetaRequest::ListClients => "list_clients",
+            MetaRequest::ExpireClients => "expire_clients",
         }
     }
 }
@@ -690,6 +708,8 @@ pub enum MetaReply {
         mtime_before: Timestamp,
     },
     Clients(Vec<ClientSession>),
+    /// What `ExpireClients` released: the purged files' chunks, for the caller to remove.
+    Expired(Vec<Released>),
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

@@ -407,6 +407,9 @@ pub fn run(args: UpArgs) -> Result<()> {
         client_config.reconnect_wait = ROLE_RESTART_WAIT;
     }
     let client = stria_client::Client::new(runtime.handle().clone(), client_config);
+    // Files that `stria mount`s killed with them open (unlinked meanwhile) lose their chunks
+    // once those clients' sessions run out.
+    client.start_expiring_clients();
 
     let pools: stria_mgmt::PoolResolver = {
         let targets = pool_targets.clone();

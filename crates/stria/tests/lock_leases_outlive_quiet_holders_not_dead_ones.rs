@@ -1,13 +1,16 @@
-//! Byte-range locks and client leases, end to end: a mount that holds a lock longer than the
-//! 30 s lease keeps it (the client renews its lease in the background), and the locks of a
-//! mount whose process was killed come free once its lease runs out, so a crashed client
-//! cannot block the others for ever. Takes about a minute: the lease is 30 s.
+//! Byte-range locks, open files and client leases, end to end: a mount that holds a lock or an
+//! unlinked file open longer than the 30 s lease keeps them (the client renews its lease and
+//! its session in the background), and once a mount's process was killed its locks come free
+//! and the unlinked file only it had open gives its space back when its session runs out, so
+//! a crashed client can neither block the others nor pin space for ever. Takes about a
+//! minute: the lease is 30 s.
 
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use stria_proto::wire::LOCK_LEASE;
@@ -30,6 +33,21 @@ fn try_lock(file: &std::fs::File) -> Result<(), i32> {
     }
 }
 
+/// Free bytes of the file system mounted at `mount` (statvfs).
+fn free_bytes(mount: &std::path::Path) -> u64 {
+    let path = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs fills a plain struct from a valid path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut st) }, 0, "statvfs");
+    st.f_bfree * st.f_frsize
+}
+
+const UNLINKED_BYTES: usize = 32 << 20;
+
+fn pattern() -> Vec<u8> {
+    (0..UNLINKED_BYTES).map(|i| (i * 7 + i / 4096) as u8).collect()
+}
+
 #[test]
 fn lock_leases_outlive_quiet_holders_not_dead_ones() {
     require_fuse();
@@ -42,28 +60,46 @@ fn lock_leases_outlive_quiet_holders_not_dead_ones() {
     };
     let mine = open(&node.mount.join("f"));
     let theirs = open(&second.path.join("f"));
+    // A file the second mount holds open, unlinked through the first: its data stays while
+    // the second mount's session lives.
+    std::fs::write(node.mount.join("unlinked"), pattern()).unwrap();
+    let unlinked = std::fs::File::open(second.path.join("unlinked")).unwrap();
+    std::fs::remove_file(node.mount.join("unlinked")).unwrap();
+    let free_while_held = free_bytes(&node.mount);
 
     try_lock(&theirs).unwrap();
     // The holder says nothing for longer than a lease; its client renews in the background.
     std::thread::sleep(LOCK_LEASE + Duration::from_secs(5));
     assert_eq!(try_lock(&mine), Err(libc::EAGAIN), "a quiet holder lost its lock");
+    let mut read = vec![0u8; UNLINKED_BYTES];
+    unlinked.read_exact_at(&mut read, 0).unwrap();
+    assert!(read == pattern(), "the unlinked file a live client holds open lost its data");
 
-    // The holder's client dies: nobody releases the lock, the lease does.
+    // The holder's client dies: nobody releases the lock nor closes the file; the lease and
+    // the session's end do.
     second.kill();
     let killed = Instant::now();
+    let mut locked = false;
     loop {
-        match try_lock(&mine) {
-            Ok(()) => break,
-            Err(libc::EAGAIN) => {
-                assert!(
-                    killed.elapsed() < LOCK_LEASE * 2,
-                    "a dead client's lock still held {:?} after it died",
-                    killed.elapsed()
-                );
-                std::thread::sleep(Duration::from_millis(500));
+        if !locked {
+            match try_lock(&mine) {
+                Ok(()) => locked = true,
+                Err(libc::EAGAIN) => {}
+                Err(e) => panic!("F_SETLK failed with errno {e}"),
             }
-            Err(e) => panic!("F_SETLK failed with errno {e}"),
         }
+        let freed = free_bytes(&node.mount) >= free_while_held + UNLINKED_BYTES as u64;
+        if locked && freed {
+            break;
+        }
+        assert!(
+            killed.elapsed() < LOCK_LEASE * 2,
+            "{:?} after the client died: its lock {}, its unlinked file's space {}",
+            killed.elapsed(),
+            if locked { "came free" } else { "still held" },
+            if freed { "came back" } else { "still taken" },
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
-    drop(theirs);
+    drop((theirs, unlinked));
 }
