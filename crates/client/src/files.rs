@@ -213,6 +213,16 @@ impl OpenFiles {
         last
     }
 
+    /// Handles open here per inode.
+    pub fn open_counts(&self) -> Vec<(Ino, u32)> {
+        let inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        inodes
+            .iter()
+            .map(|(&ino, inode)| (ino, inode.state().opens))
+            .filter(|&(_, opens)| opens > 0)
+            .collect()
+    }
+
     pub fn inode(&self, ino: Ino) -> Option<Arc<InodeData>> {
         self.inodes.lock().unwrap_or_else(|e| e.into_inner()).get(&ino).cloned()
     }

@@ -16,6 +16,7 @@ mod durability;
 mod files;
 mod locks;
 mod purge;
+mod reclaim;
 mod seen;
 mod session;
 mod transport;
@@ -163,7 +164,9 @@ impl Client {
         let seen = seen::SeenVersions::default();
         let locks = locks::LockSession::new();
         let inner = Inner { runtime, config, meta, storage, files, purger, watch, seen, locks };
-        Client { inner: Arc::new(inner) }
+        let client = Client { inner: Arc::new(inner) };
+        client.reclaim_on_restart();
+        client
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {
@@ -278,6 +281,8 @@ impl Client {
             client: self.inner.locks.id(),
         };
         let since = self.inner.files.publishes();
+        // The open is counted here before a reclaim can tell it (see `reclaim`).
+        let _gate = self.inner.locks.shared();
         match self.meta(request)? {
             // An empty file's (no) bytes are known; one that already held bytes is read as
             // any other.
@@ -416,6 +421,7 @@ impl Client {
     /// Opens a file for I/O (`mask`: the R_OK/W_OK bits the open needs).
     pub fn open(&self, caller: &Caller, ino: Ino, mask: u32) -> FsResult<(FileHandleId, Attr)> {
         let since = self.inner.files.publishes();
+        let _gate = self.inner.locks.shared();
         let (attr, inline) = match self.meta(MetaRequest::Open {
             caller: caller.clone(),
             ino,
@@ -501,9 +507,11 @@ impl Client {
     pub fn release(&self, fh: FileHandleId) -> FsResult<()> {
         let file = self.inner.files.get(fh)?;
         let flushed = self.flush_own(&file);
+        let gate = self.inner.locks.shared();
         self.inner.files.close(fh);
         let released =
             self.meta_at(MetaRequest::Release { ino: file.ino, client: self.inner.locks.id() })?;
+        drop(gate);
         self.release_inode(released)?;
         flushed
     }

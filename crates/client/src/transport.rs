@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,8 +13,8 @@ use stria_proto::fs::ObjectId;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
     ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
-    Epoch, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove,
-    TargetFailDrive, TargetInfo, TargetSync, meta_method, storage_method,
+    Epoch, Instance, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply,
+    ObjectsRemove, TargetFailDrive, TargetInfo, TargetSync, meta_method, storage_method,
 };
 use stria_rpc::{ClusterSecret, Data};
 use tokio::sync::OnceCell;
@@ -172,15 +173,50 @@ fn status_to_result(status: u16) -> FsResult<()> {
     }
 }
 
-#[derive(Debug)]
 pub(crate) struct MetaConn {
     conn: Conn,
     watch: Arc<DurabilityWatch>,
+    /// The run of the service the last reply came from (0 before the first).
+    instance: AtomicU64,
+    /// Called when a reply comes from a new run of the service (it restarted).
+    on_restart: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for MetaConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaConn").field("conn", &self.conn).finish_non_exhaustive()
+    }
 }
 
 impl MetaConn {
     pub fn new(addr: SocketAddr, settings: &ConnSettings, watch: Arc<DurabilityWatch>) -> MetaConn {
-        MetaConn { conn: Conn::new(addr, settings), watch }
+        MetaConn {
+            conn: Conn::new(addr, settings),
+            watch,
+            instance: AtomicU64::new(0),
+            on_restart: OnceLock::new(),
+        }
+    }
+
+    /// What to do when the service restarts (at most one hook; later ones are ignored).
+    pub fn on_restart(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_restart.set(hook);
+    }
+
+    /// Notes the run a reply came from; a change from a known one calls the restart hook.
+    fn heard_from(&self, instance: Instance) {
+        let last = self.instance.load(Ordering::Relaxed);
+        if last == instance {
+            return;
+        }
+        let swapped =
+            self.instance.compare_exchange(last, instance, Ordering::AcqRel, Ordering::Relaxed);
+        if swapped.is_ok() && last != 0 {
+            tracing::info!("the metadata service restarted: telling it what this client holds");
+            if let Some(hook) = self.on_restart.get() {
+                hook();
+            }
+        }
     }
 
     pub async fn call(&self, request: MetaRequest) -> FsResult<MetaReply> {
@@ -193,9 +229,10 @@ impl MetaConn {
         // Only a sync settles earlier changes; other requests need no mark.
         let mark = matches!(request, MetaRequest::Sync).then(|| self.watch.mark());
         let idempotent = request.is_idempotent();
-        let (answer, _): ((Epoch, MetaReply), _) =
+        let (answer, _): ((Epoch, Instance, MetaReply), _) =
             self.conn.call_typed(meta_method::CALL, &request, Bytes::new(), idempotent).await?;
-        let (epoch, reply) = answer;
+        let (epoch, instance, reply) = answer;
+        self.heard_from(instance);
         if let Some(mark) = mark {
             self.watch.synced(Service::Meta, mark, epoch);
             return Ok((epoch, reply));

@@ -15,6 +15,7 @@ mod perm;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
 mod opens;
 #[doc(hidden)]
+pub mod reclaim;
 pub mod record;
 mod rename;
 pub mod service;
@@ -237,6 +238,7 @@ impl Meta {
                 tx.set_system(store::KEY_FORMAT, store::STORE_FORMAT)?;
                 tx.set_system(store::KEY_NEXT_INO, ROOT_INO + 1)?;
                 tx.set_system(store::KEY_INODES_USED, 1)?;
+                tx.set_system(store::KEY_CLEAN_STOP, 1)?;
             } else if format != store::STORE_FORMAT {
                 return Err(MetaError::Corrupt(format!("unknown store format {format}")));
             }

@@ -2,8 +2,10 @@
 //! namespace, so processes on different mounts exclude each other as processes on one
 //! machine do.
 //!
-//! Locks live in memory only: they are advisory, belong to running processes, and a
-//! restarted metadata service starts with none (as an NFS server without a grace period).
+//! Locks live in memory only: they are advisory and belong to running processes. A restarted
+//! metadata service starts with none and gives the clients of its last run a grace period to
+//! take back what they held ([`LockTable::reclaim`], as NFS's grace period); new locks wait
+//! for its end, so none is granted over a lock that is yet to be reclaimed.
 //! Each lock belongs to an owner within a client ([`LockOwnerId`]); a client whose lease
 //! ([`LOCK_LEASE`]) runs out without a renewal, because it crashed or lost the network, loses
 //! all its locks, so a dead client cannot block the others for ever. A client renews its
@@ -19,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use stria_proto::fs::{FsStatus, Ino};
-use stria_proto::wire::{LOCK_LEASE, LockHolder, LockKind, LockOwnerId, LockRange};
+use stria_proto::wire::{LOCK_LEASE, LockHolder, LockKind, LockOwnerId, LockRange, ReclaimedLock};
 
 /// Most locks held at once, over every file and client; past it a new lock is refused
 /// (ENOLCK).
@@ -148,6 +150,63 @@ impl LockTable {
         had_lease
     }
 
+    /// Takes back locks `client` held before the service restarted: one the owner still
+    /// holds is kept; during the grace period (`in_grace`) others are granted where no other
+    /// owner holds a conflicting lock. The locks that could not be taken back.
+    pub fn reclaim(
+        &self,
+        client: u64,
+        held: &[ReclaimedLock],
+        in_grace: bool,
+    ) -> Vec<ReclaimedLock> {
+        let mut locks = self.lock();
+        if !locks.heard_from(client, self.lease, true) {
+            return held.to_vec();
+        }
+        let mut lost = Vec::new();
+        for lock in held {
+            let owner = LockOwnerId { client, owner: lock.owner };
+            let write = match lock.kind {
+                LockKind::Read => false,
+                LockKind::Write => true,
+                LockKind::Unlock => continue,
+            };
+            if locks.holds(lock.ino, owner, lock.range, write) {
+                continue;
+            }
+            if !in_grace
+                || check_range(lock.range).is_err()
+                || locks.conflict(lock.ino, owner, lock.range, write).is_some()
+                || locks.count + 2 > LOCKS_MAX
+            {
+                lost.push(*lock);
+                continue;
+            }
+            locks.cut(lock.ino, owner, lock.range);
+            let range = lock.range;
+            let new = Held { owner, pid: lock.pid, start: range.start, end: range.end, write };
+            locks.insert(lock.ino, new);
+        }
+        lost
+    }
+
+    /// Drops every lock of `client` (it said goodbye).
+    pub fn drop_client(&self, client: u64) {
+        let mut locks = self.lock();
+        locks.leases.remove(&client);
+        locks.drop_locks_of(client);
+    }
+
+    /// The clients that hold locks now.
+    pub fn holders(&self) -> Vec<u64> {
+        let locks = self.lock();
+        let mut clients: Vec<u64> =
+            locks.by_ino.values().flatten().map(|h| h.owner.client).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        clients
+    }
+
     /// Locks held now, over every file.
     pub fn count(&self) -> usize {
         self.lock().count
@@ -175,14 +234,7 @@ impl Locks {
             .collect();
         for gone in expired {
             self.leases.remove(&gone);
-            let mut dropped = 0;
-            self.by_ino.retain(|_, held| {
-                let before = held.len();
-                held.retain(|h| h.owner.client != gone);
-                dropped += before - held.len();
-                !held.is_empty()
-            });
-            self.count -= dropped;
+            let dropped = self.drop_locks_of(gone);
             if dropped > 0 {
                 tracing::warn!(
                     client = gone,
@@ -200,6 +252,29 @@ impl Locks {
             return true;
         }
         false
+    }
+
+    /// Whether `owner` holds `range` of `ino` with a lock of that kind (an owner's adjacent
+    /// locks of one kind are one, so one lock covers it if any do).
+    fn holds(&self, ino: Ino, owner: LockOwnerId, range: LockRange, write: bool) -> bool {
+        self.by_ino.get(&ino).is_some_and(|held| {
+            held.iter().any(|h| {
+                h.owner == owner && h.write == write && h.start <= range.start && range.end <= h.end
+            })
+        })
+    }
+
+    /// Drops every lock of `client`; how many there were.
+    fn drop_locks_of(&mut self, client: u64) -> usize {
+        let mut dropped = 0;
+        self.by_ino.retain(|_, held| {
+            let before = held.len();
+            held.retain(|h| h.owner.client != client);
+            dropped += before - held.len();
+            !held.is_empty()
+        });
+        self.count -= dropped;
+        dropped
     }
 
     fn conflict(
@@ -359,6 +434,38 @@ mod tests {
         assert_eq!(t.count(), 0);
         t.lock().leases.remove(&1000);
         t.set(1, A, 1, r(0, 9), LockKind::Write).unwrap();
+    }
+
+    #[test]
+    fn reclaimed_locks_come_back_unless_another_owner_holds_the_range() {
+        let t = LockTable::default();
+        t.set(1, B, 2, r(100, 199), LockKind::Read).unwrap();
+        let held = |ino, owner, start, end, kind| ReclaimedLock {
+            ino,
+            owner,
+            pid: 7,
+            range: r(start, end),
+            kind,
+        };
+        let told = [
+            held(1, A.owner, 0, 99, LockKind::Write),
+            held(1, A2.owner, 150, 160, LockKind::Read),
+            held(1, A.owner, 190, 200, LockKind::Write),
+            held(2, A.owner, 5, 4, LockKind::Write),
+        ];
+        let lost = t.reclaim(A.client, &told, true);
+        assert_eq!(lost, vec![told[2], told[3]], "the write over B's read lock, the bad range");
+        // Told again once the grace period is over: what A holds stays, the rest is lost.
+        assert_eq!(t.reclaim(A.client, &told, false), vec![told[2], told[3]]);
+        let later = held(3, A.owner, 0, 0, LockKind::Read);
+        assert_eq!(t.reclaim(A.client, &[later], false), vec![later]);
+        assert_eq!(t.set(1, B, 2, r(50, 50), LockKind::Read), Err(FsStatus::LockConflict));
+        assert_eq!(t.test(1, B, r(155, 155), LockKind::Write).unwrap().unwrap().pid, 7);
+        assert_eq!(t.holders(), vec![A.client, B.client]);
+        assert!(t.renew(A.client), "a reclaim starts the lease");
+        t.drop_client(A.client);
+        assert_eq!(t.holders(), vec![B.client]);
+        t.set(1, B, 2, r(0, 99), LockKind::Write).unwrap();
     }
 
     #[test]

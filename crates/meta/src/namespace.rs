@@ -328,8 +328,11 @@ impl Meta {
     pub fn release(&self, ino: Ino, client: u64) -> Result<Option<Purge>> {
         let mut opens = self.lock_opens();
         match opens.release(ino, client) {
-            Release::StillOpen | Release::NotOpen => return Ok(None),
-            Release::Last => {}
+            Release::StillOpen => return Ok(None),
+            // Not counted for this client (its opens went with its session, or it did not
+            // reclaim them after a restart): an orphan nobody may have open goes now.
+            Release::NotOpen if opens.may_be_open(ino) => return Ok(None),
+            Release::NotOpen | Release::Last => {}
         }
         // Most closes are of files that still have a name: a read decides, no commit needed.
         if self.read(|rx| Ok(rx.inode(ino).map(|rec| rec.nlink > 0).unwrap_or(true)))? {
@@ -356,13 +359,20 @@ impl Meta {
     }
 
     /// Ends the sessions not heard from for a lease and drops their opens; then purges up to
-    /// `EXPIRED_PURGES_MAX` of the unlinked files left unopened by ended sessions (the rest
-    /// at the next call). The caller removes the purged files' chunks.
+    /// `EXPIRED_PURGES_MAX` of the unlinked files left unopened by ended sessions, and (once,
+    /// after the grace period, see `reclaim`) by the last run (the rest at the next call).
+    /// The caller removes the purged files' chunks.
     pub fn expire_clients(&self) -> Result<Vec<Purge>> {
         let ended = self.sessions.expire();
         let mut opens = self.lock_opens();
         for client in ended {
             opens.drop_client(client);
+        }
+        if opens.take_sweep() {
+            // The orphans the last run left that nobody reclaimed an open of.
+            let unopened: Vec<Ino> =
+                self.orphans()?.into_iter().filter(|&ino| opens.count(ino) == 0).collect();
+            opens.queue_purge(unopened);
         }
         let candidates = opens.take_pending(stria_proto::wire::EXPIRED_PURGES_MAX);
         if candidates.is_empty() {
@@ -396,8 +406,8 @@ impl Meta {
     /// Deletes an orphan that is not open and returns what to remove from storage.
     pub fn purge(&self, ino: Ino) -> Result<Purge> {
         let opens = self.lock_opens();
-        if opens.count(ino) > 0 {
-            return Err(fs(FsStatus::Busy, "orphan still open"));
+        if opens.may_be_open(ino) {
+            return Err(fs(FsStatus::Busy, "orphan still open, or may be (grace period)"));
         }
         self.write(|tx| {
             let rec = tx.inode(ino)?;
@@ -431,7 +441,7 @@ pub(crate) fn drop_link(
         tx.put_inode(ino, &rec)?;
         return Ok(Unlinked { ino, nlink: rec.nlink, purge: None });
     }
-    if opens.count(ino) > 0 {
+    if opens.may_be_open(ino) {
         tx.put_inode(ino, &rec)?;
         tx.set_orphan(ino, now.secs)?;
         return Ok(Unlinked { ino, nlink: 0, purge: None });

@@ -2,9 +2,15 @@
 //! client has it open. A client whose session ends without its closes (its process was
 //! killed, its machine went away) has its opens dropped, as its closes would have; the files
 //! that leaves unopened wait in `pending` for [`crate::Meta::expire_clients`] to purge the
-//! unlinked ones among them. Memory only: a restart of the service starts from no opens.
+//! unlinked ones among them.
+//!
+//! Memory only: a restarted service starts from no opens, and its clients tell it again what
+//! they have open (`Meta::reclaim`). Until they have (the grace period, see [`Grace`]) an
+//! unopened file may still be open somewhere: its last unlink keeps it as an orphan, and
+//! orphans are purged only once the grace period is over.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use stria_proto::fs::Ino;
 
@@ -14,6 +20,30 @@ pub(crate) struct Opens {
     by_client: HashMap<u64, HashMap<Ino, u32>>,
     /// Inodes whose last opens went with a client's session, to be purged if unlinked.
     pending: Vec<Ino>,
+    grace: Grace,
+}
+
+/// After a restart, the time the clients of the last run have to tell what they held.
+#[derive(Debug, Default)]
+pub(crate) struct Grace {
+    /// When it ends at the latest; `None`: no grace period (or not serving yet).
+    until: Option<Instant>,
+    /// The clients that held opens or locks at the last clean stop: the grace period ends as
+    /// soon as all of them have reclaimed. `None` after a crash (who held what is unknown).
+    waiting: Option<HashSet<u64>>,
+    /// The orphans left by the last run are still to be purged (once the grace period ends).
+    sweep_due: bool,
+}
+
+impl Grace {
+    pub fn new(until: Option<Instant>, waiting: Option<HashSet<u64>>) -> Grace {
+        Grace { until, waiting, sweep_due: true }
+    }
+
+    fn active(&self, now: Instant) -> bool {
+        let waiting = self.waiting.as_ref().is_none_or(|w| !w.is_empty());
+        self.until.is_some_and(|until| now < until) && waiting
+    }
 }
 
 /// What a release left.
@@ -73,6 +103,63 @@ impl Opens {
                 self.pending.push(ino);
             }
         }
+    }
+
+    /// Starts serving with `grace` (see [`Grace`]).
+    pub fn begin(&mut self, grace: Grace) {
+        self.grace = grace;
+    }
+
+    /// Whether the clients of the last run may still reclaim: locks wait, and an unopened
+    /// file may yet be open.
+    pub fn in_grace(&self) -> bool {
+        self.grace.active(Instant::now())
+    }
+
+    /// Whether `ino` may be open: counted open, or the grace period still runs.
+    pub fn may_be_open(&self, ino: Ino) -> bool {
+        self.count(ino) > 0 || self.in_grace()
+    }
+
+    /// Once, when the grace period is over: true, and the orphans left by the last run are
+    /// then to be purged (those nobody reclaimed).
+    pub fn take_sweep(&mut self) -> bool {
+        if !self.grace.sweep_due || self.in_grace() {
+            return false;
+        }
+        self.grace.sweep_due = false;
+        true
+    }
+
+    /// Queues `inos` for purging if unlinked and still unopened (see [`Opens::take_pending`]).
+    pub fn queue_purge(&mut self, inos: impl IntoIterator<Item = Ino>) {
+        self.pending.extend(inos);
+    }
+
+    /// `client`'s opens as it tells them after a restart: with `first` they replace what is
+    /// counted for it (opens it made since the restart are among them), else they add.
+    pub fn reclaim(&mut self, client: u64, first: bool, opens: &[(Ino, u32)]) {
+        if first && let Some(mine) = self.by_client.remove(&client) {
+            for (ino, count) in mine {
+                let total = self.total.entry(ino).or_insert(0);
+                *total = total.saturating_sub(count);
+                if *total == 0 {
+                    self.total.remove(&ino);
+                }
+            }
+        }
+        for &(ino, count) in opens.iter().filter(|(_, count)| *count > 0) {
+            *self.total.entry(ino).or_insert(0) += count;
+            *self.by_client.entry(client).or_default().entry(ino).or_insert(0) += count;
+        }
+        if let Some(waiting) = &mut self.grace.waiting {
+            waiting.remove(&client);
+        }
+    }
+
+    /// The clients with handles counted.
+    pub fn clients(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_client.keys().copied()
     }
 
     /// Up to `max` of the pending inodes that are still not open (one reopened meanwhile is
@@ -137,5 +224,45 @@ mod tests {
         got.sort_unstable();
         assert_eq!(got, vec![0, 1, 2, 3, 4]);
         assert!(o.take_pending(3).is_empty());
+    }
+
+    #[test]
+    fn a_first_reclaim_replaces_a_client_s_opens_and_later_pieces_add() {
+        let mut o = Opens::default();
+        o.open(7, 1);
+        o.open(7, 2);
+        // Client 1's open of 7 since the restart is in what it tells.
+        o.reclaim(1, true, &[(7, 2), (8, 1)]);
+        assert_eq!((o.count(7), o.count(8)), (3, 1));
+        o.reclaim(1, false, &[(9, 1), (10, 0)]);
+        assert_eq!((o.count(9), o.count(10)), (1, 0));
+        o.reclaim(1, true, &[]);
+        assert_eq!((o.count(7), o.count(8), o.count(9)), (1, 0, 0));
+        assert_eq!(o.clients().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn the_grace_period_ends_when_every_awaited_client_reclaimed_or_at_its_time() {
+        let soon = Some(Instant::now() + std::time::Duration::from_secs(60));
+        let mut o = Opens::default();
+        assert!(!o.in_grace(), "not serving yet: no grace");
+        o.begin(Grace::new(soon, Some(HashSet::from([1, 2]))));
+        assert!(o.in_grace() && o.may_be_open(5));
+        assert!(!o.take_sweep(), "orphans wait for the end");
+        o.reclaim(1, true, &[(5, 1)]);
+        assert!(o.in_grace());
+        o.reclaim(2, true, &[]);
+        assert!(!o.in_grace(), "both reclaimed");
+        assert!(o.may_be_open(5) && !o.may_be_open(6));
+        assert!(o.take_sweep());
+        assert!(!o.take_sweep(), "once");
+        // After a crash nobody is known: the time decides.
+        let mut o = Opens::default();
+        o.begin(Grace::new(soon, None));
+        o.reclaim(1, true, &[]);
+        assert!(o.in_grace());
+        o.begin(Grace::new(Some(Instant::now()), None));
+        assert!(!o.in_grace());
+        assert!(o.take_sweep());
     }
 }

@@ -69,6 +69,8 @@ pub struct MetaService {
     ops: Arc<OpCounts>,
     /// The incarnation of the namespace's durable state (see [`wire::Epoch`]).
     epoch: wire::Epoch,
+    /// This run of the service (see [`wire::Instance`]).
+    instance: wire::Instance,
 }
 
 impl std::fmt::Debug for MetaService {
@@ -84,7 +86,8 @@ impl MetaService {
     }
 
     pub fn new(meta: Arc<Meta>, capacity: CapacitySource) -> MetaService {
-        MetaService { meta, capacity, ops: Arc::default(), epoch: wire::new_epoch() }
+        let (epoch, instance) = (wire::new_epoch(), wire::new_epoch());
+        MetaService { meta, capacity, ops: Arc::default(), epoch, instance }
     }
 
     /// Serves under `epoch` instead of a fresh one: the one a clean stop handed over.
@@ -255,6 +258,10 @@ impl MetaService {
             MetaRequest::SetLock { ino, owner, pid, range, kind } => {
                 if kind != wire::LockKind::Unlock {
                     meta.getattr(ino)?;
+                    if meta.in_grace() {
+                        // A lock yet to be reclaimed may cover the range.
+                        return Err(lock_error(FsStatus::Grace));
+                    }
                 }
                 meta.locks().set(ino, owner, pid, range, kind).map_err(lock_error)?;
                 MetaReply::Done
@@ -264,7 +271,9 @@ impl MetaService {
                 MetaReply::Done
             }
             MetaRequest::RenewLocks { client } => {
-                if !meta.locks().renew(client) {
+                // During the grace period a client without a lease is one that has yet to
+                // reclaim, not one whose locks were dropped.
+                if !meta.locks().renew(client) && !meta.in_grace() {
                     // The client's locks were dropped: it is told so (`Stale`).
                     return Err(lock_error(FsStatus::Stale));
                 }
@@ -277,8 +286,15 @@ impl MetaService {
             MetaRequest::Goodbye { client } => {
                 // Its handles are closed by now; any left count as closed.
                 meta.sessions().goodbye(client);
-                meta.drop_client_opens(client);
+                meta.drop_client(client);
                 MetaReply::Done
+            }
+            MetaRequest::Reclaim { client, first, opens, locks } => {
+                if opens.len() > wire::RECLAIM_PIECE_MAX || locks.len() > wire::RECLAIM_PIECE_MAX {
+                    return Err(lock_error(FsStatus::Invalid));
+                }
+                let loss = meta.reclaim(client, first, &opens, &locks)?;
+                MetaReply::Reclaimed { opens_lost: loss.opens, locks_lost: loss.locks }
             }
             MetaRequest::ListClients => MetaReply::Clients(meta.sessions().list()),
             MetaRequest::ExpireClients => {
@@ -403,15 +419,15 @@ impl Service for MetaService {
             let inline = decoded.is_read_only()
                 || (service.meta.commit_mode() == crate::Commit::Lazy
                     && !matches!(decoded, MetaRequest::Sync));
-            let epoch = service.epoch;
+            let (epoch, instance) = (service.epoch, service.instance);
             if inline {
                 return match service.handle(decoded) {
-                    Ok(reply) => Response::encode(&(epoch, reply), Bytes::new()),
+                    Ok(reply) => Response::encode(&(epoch, instance, reply), Bytes::new()),
                     Err(status) => Response::fs_error(status),
                 };
             }
             match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
-                Ok(Ok(reply)) => Response::encode(&(epoch, reply), Bytes::new()),
+                Ok(Ok(reply)) => Response::encode(&(epoch, instance, reply), Bytes::new()),
                 Ok(Err(status)) => Response::fs_error(status),
                 Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
             }
@@ -421,13 +437,4 @@ impl Service for MetaService {
 
 fn released(purge: Purge) -> wire::Released {
     wire::Released { ino: purge.ino, layout: purge.layout }
-}
-
-/// Inodes whose last name went away while open when the node stopped: their chunks must go.
-pub fn orphans_to_purge(meta: &Meta) -> Result<Vec<Purge>, MetaError> {
-    let mut purged = Vec::new();
-    for ino in meta.orphans()? {
-        purged.push(meta.purge(ino as Ino)?);
-    }
-    Ok(purged)
 }

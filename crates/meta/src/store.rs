@@ -30,7 +30,7 @@ pub(crate) const USAGE: TableDefinition<(u8, u64), (u64, u64)> = TableDefinition
 pub(crate) const USAGE_EXT: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage_ext");
 /// ino → unlink time (secs) of inodes with no name left that still hold data.
 pub(crate) const ORPHANS: TableDefinition<u64, i64> = TableDefinition::new("orphans");
-/// Named scalars: [`KEY_NEXT_INO`], [`KEY_INODES_USED`], [`KEY_FORMAT`].
+/// Named scalars: [`KEY_NEXT_INO`], [`KEY_INODES_USED`], [`KEY_FORMAT`], [`KEY_CLEAN_STOP`]...
 pub(crate) const SYSTEM: TableDefinition<&str, u64> = TableDefinition::new("system");
 
 pub(crate) const KEY_NEXT_INO: &str = "next_ino";
@@ -41,6 +41,12 @@ pub(crate) const KEY_INO_RESERVED: &str = "ino_reserved";
 pub(crate) const INO_RESERVE_BATCH: u64 = 4096;
 pub(crate) const KEY_INODES_USED: &str = "inodes_used";
 pub(crate) const KEY_FORMAT: &str = "format";
+/// 1 while the service is stopped cleanly (or the store is new): the clients of the last run
+/// that held opens or locks are then named by [`KEY_RECLAIM_PREFIX`] keys. 0 while it serves,
+/// so after a crash who held what is unknown (see `Meta::begin_serving`).
+pub(crate) const KEY_CLEAN_STOP: &str = "clean_stop";
+/// `reclaim/<client id in hex>`: a client that held opens or locks at the last clean stop.
+pub(crate) const KEY_RECLAIM_PREFIX: &str = "reclaim/";
 /// Version of the table layout as a whole.
 pub(crate) const STORE_FORMAT: u64 = 1;
 
@@ -694,6 +700,25 @@ impl<'t> Tx<'t> {
         let old = self.tables.system.table_mut()?.insert(key, value)?;
         self.undo.push(Undo::System(key.to_string(), old.map(|g| g.value())));
         Ok(())
+    }
+
+    pub fn remove_system(&mut self, key: &str) -> Result<()> {
+        let old = self.tables.system.table_mut()?.remove(key)?;
+        self.undo.push(Undo::System(key.to_string(), old.map(|g| g.value())));
+        Ok(())
+    }
+
+    /// The named scalars whose names start with `prefix`.
+    pub fn system_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for item in self.tables.system.table_mut()?.range(prefix..)? {
+            let (key, value) = item?;
+            if !key.value().starts_with(prefix) {
+                break;
+            }
+            out.push((key.value().to_string(), value.value()));
+        }
+        Ok(out)
     }
 
     pub fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {

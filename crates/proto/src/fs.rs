@@ -156,11 +156,14 @@ pub enum FsStatus {
     Interrupted = 25,
     /// No room for another byte-range lock.
     NoLocks = 26,
+    /// The metadata service restarted and gives its clients a grace period to reclaim the
+    /// locks they held; new locks wait for its end (a client tries again).
+    Grace = 27,
 }
 
 impl FsStatus {
     /// Every status, in code order.
-    pub const ALL: [FsStatus; 26] = [
+    pub const ALL: [FsStatus; 27] = [
         FsStatus::NotFound,
         FsStatus::Exists,
         FsStatus::NotDir,
@@ -187,6 +190,7 @@ impl FsStatus {
         FsStatus::LockConflict,
         FsStatus::Interrupted,
         FsStatus::NoLocks,
+        FsStatus::Grace,
     ];
 
     /// The Linux errno the FUSE mount returns for this status.
@@ -218,6 +222,7 @@ impl FsStatus {
             FsStatus::LockConflict => 11, // EAGAIN
             FsStatus::Interrupted => 4,   // EINTR
             FsStatus::NoLocks => 37,      // ENOLCK
+            FsStatus::Grace => 11,        // EAGAIN
         }
     }
 }
@@ -251,6 +256,7 @@ impl fmt::Display for FsStatus {
             FsStatus::LockConflict => "the range is locked by another owner",
             FsStatus::Interrupted => "interrupted",
             FsStatus::NoLocks => "no locks available",
+            FsStatus::Grace => "the metadata service restarted: locks wait for its grace period",
         };
         f.write_str(text)
     }

@@ -14,13 +14,17 @@ use crate::fs::{ChunkId, FileLayout, FsStatus, Ino, LayoutPolicy, ObjectId, Targ
 /// clean stop hands its epoch to the next start, since it synced everything.
 ///
 /// Replies carry it so a client can tell whether a sync covers its earlier changes: the meta
-/// service answers every call with `(Epoch, MetaReply)`, and the storage service answers
+/// service answers every call with `(Epoch, Instance, MetaReply)`, and the storage service answers
 /// `CHUNK_WRITE`, `CHUNK_TRUNCATE`, `CHUNK_PUNCH`, `OBJECT_REMOVE`, `OBJECTS_REMOVE` and
 /// `TARGET_SYNC` with the
 /// epoch of the target's service. A change made under one epoch and a sync answered under
 /// another means the change may be gone: the client reports the sync as failed (as NFS does
 /// with its write verifier).
 pub type Epoch = u64;
+
+/// One run of the metadata service, new at every start (clean or not, unlike the epoch): a
+/// client that sees it change tells the new run what it held ([`MetaRequest::Reclaim`]).
+pub type Instance = u64;
 
 /// A fresh epoch for a service whose unsynced state may have been lost.
 pub fn new_epoch() -> Epoch {
@@ -461,6 +465,34 @@ pub enum MetaRequest {
     /// (at most `EXPIRED_PURGES_MAX`; the rest come with the next call). Clients that never
     /// said hello (a node's own mount) keep their opens.
     ExpireClients,
+    /// What a client held when the metadata service it talks to restarted (its replies came
+    /// under a new epoch): its open handles per file and its byte-range locks, told in pieces
+    /// of at most [`RECLAIM_PIECE_MAX`] each. The `first` piece replaces the opens the
+    /// service counts for the client, later ones add to them. Locks are granted back only
+    /// during the service's grace period and where nothing conflicts (or the owner still holds
+    /// them: a lock is never lost by telling it again). `Reclaimed` says what could not be
+    /// taken back.
+    Reclaim {
+        client: u64,
+        first: bool,
+        opens: Vec<(Ino, u32)>,
+        locks: Vec<ReclaimedLock>,
+    },
+}
+
+/// Most opens, and most locks, in one [`MetaRequest::Reclaim`] (more is `Invalid`).
+pub const RECLAIM_PIECE_MAX: usize = 65536;
+
+/// A byte-range lock a client held before the metadata service restarted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ReclaimedLock {
+    pub ino: Ino,
+    /// The owner within the client (the client is the request's).
+    pub owner: u64,
+    pub pid: u32,
+    pub range: LockRange,
+    /// `Read` or `Write`.
+    pub kind: LockKind,
 }
 
 /// Most purges one [`MetaReply::Expired`] carries.
@@ -578,7 +610,8 @@ impl MetaRequest {
             | MetaRequest::Hello { .. }
             | MetaRequest::Goodbye { .. }
             | MetaRequest::ListClients
-            | MetaRequest::ExpireClients => Vec::new(),
+            | MetaRequest::ExpireClients
+            | MetaRequest::Reclaim { .. } => Vec::new(),
         }
     }
 
@@ -669,6 +702,7 @@ impl MetaRequest {
             MetaRequest::Goodbye { .. } => "goodbye",
             MetaRequest::ListClients => "list_clients",
             MetaRequest::ExpireClients => "expire_clients",
+            MetaRequest::Reclaim { .. } => "reclaim",
         }
     }
 }
@@ -710,6 +744,12 @@ pub enum MetaReply {
     Clients(Vec<ClientSession>),
     /// What `ExpireClients` released: the purged files' chunks, for the caller to remove.
     Expired(Vec<Released>),
+    /// `Reclaim`: how many open handles were of files that are gone, and the locks not
+    /// granted back.
+    Reclaimed {
+        opens_lost: u32,
+        locks_lost: Vec<ReclaimedLock>,
+    },
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

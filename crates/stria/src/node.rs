@@ -148,6 +148,9 @@ pub async fn serve_meta(
     let server = Server::bind_with(listen, server_config(secret))
         .await
         .map_err(|e| bind_error(listen, "metadata", "--meta-listen", e))?;
+    // Clients of the last run get a grace period to tell what they held (see
+    // `stria_meta::reclaim`).
+    meta.begin_serving(stria_proto::wire::LOCK_LEASE).context("starting the metadata service")?;
     let service = Arc::new(MetaService::new(meta.clone(), capacity).with_epoch(epoch));
     let ops = service.op_counts();
     // Lazy metadata commits reach the disk within a second even without fsync.

@@ -239,7 +239,7 @@ fn run_meta(args: MetaRoleArgs) -> Result<()> {
         &secret,
     ))?;
     serve_until_stopped(&data, Role::Meta, epoch, runtime, serving, || {
-        meta.sync().context("syncing the namespace")
+        meta.record_clean_stop().context("syncing the namespace")
     })
 }
 

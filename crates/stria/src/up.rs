@@ -352,7 +352,6 @@ pub fn run(args: UpArgs) -> Result<()> {
 
     std::fs::create_dir_all(data.join("meta"))?;
     let meta = crate::node::open_meta(&data.join("meta/namespace.redb"), &pool_targets)?;
-    purge_orphans(&meta, &storage)?;
     std::fs::create_dir_all(data.join("mgmt"))?;
     let registry = stria_mgmt::Registry::open(&data.join("mgmt/registry.redb"))?;
     if crashed_before {
@@ -549,6 +548,10 @@ pub fn run(args: UpArgs) -> Result<()> {
     if let Err(e) = client.sync_meta() {
         tracing::warn!(%e, "removing the chunks of removed files at stop");
     }
+    // The mount is gone with its opens and locks: the next run need not wait for it.
+    if let Err(e) = client.goodbye() {
+        tracing::warn!(%e, "telling the metadata service the node's own client stops");
+    }
     drop(client);
     match servers {
         Servers::Separate(mut roles) => {
@@ -558,7 +561,7 @@ pub fn run(args: UpArgs) -> Result<()> {
         Servers::InProcess { services, meta, storage, meta_epoch, storage_epoch } => {
             runtime.block_on(services.shutdown());
             runtime.shutdown_timeout(Duration::from_secs(5));
-            meta.sync().context("syncing the namespace")?;
+            meta.record_clean_stop().context("syncing the namespace")?;
             storage.sync_all().context("syncing the targets")?;
             crate::epochs::hand_over(&data, crate::epochs::Role::Meta, meta_epoch)?;
             crate::epochs::hand_over(&data, crate::epochs::Role::Storage, storage_epoch)?;
@@ -649,22 +652,6 @@ fn free_strays_after_a_crash(
         .context("freeing the chunk data a crash left behind")?;
     if freed > 0 {
         tracing::info!(chunks = freed, "freed stray chunk data left by the last crash");
-    }
-    Ok(())
-}
-
-/// Files unlinked while open when the node last stopped (or crashed) lose their chunks now.
-fn purge_orphans(meta: &stria_meta::Meta, storage: &StorageService) -> Result<()> {
-    let purged = stria_meta::service::orphans_to_purge(meta).context("purging unlinked files")?;
-    for purge in &purged {
-        let Some(layout) = &purge.layout else { continue };
-        let object = stria_proto::fs::ObjectId(purge.ino);
-        for target in storage.targets().filter(|t| layout.targets.contains(&t.id)) {
-            target.engine.remove_object(object).context("removing an unlinked file's chunks")?;
-        }
-    }
-    if !purged.is_empty() {
-        tracing::info!(files = purged.len(), "purged files unlinked while open");
     }
     Ok(())
 }
