@@ -19,8 +19,7 @@ use stria_proto::wire::{
     LOCK_RENEW, LockHolder, LockKind, LockOwnerId, LockRange, MetaReply, MetaRequest, ReclaimedLock,
 };
 
-use crate::transport::MetaConn;
-use crate::{Client, FsResult, unexpected};
+use crate::{Client, FsResult, Inner, unexpected};
 
 /// First pause of a waiting lock request between tries; doubles up to [`LOCK_RETRY_MAX`].
 const LOCK_RETRY_FIRST: Duration = Duration::from_millis(2);
@@ -135,17 +134,24 @@ impl LockSession {
     }
 }
 
-/// Renews `client`'s lease every [`LOCK_RENEW`] until the client is gone.
-async fn renew(meta: Weak<MetaConn>, client: u64) {
+/// Renews the client's lease every [`LOCK_RENEW`] until the client is gone.
+async fn renew(inner: Weak<Inner>) {
     loop {
         tokio::time::sleep(LOCK_RENEW).await;
-        let Some(meta) = meta.upgrade() else { return };
-        match meta.call(MetaRequest::RenewLocks { client }).await {
+        let Some(inner) = inner.upgrade() else { return };
+        let client = inner.locks.id;
+        match inner.meta.call(MetaRequest::RenewLocks { client }).await {
             Ok(_) => {}
-            Err(FsStatus::Stale) => tracing::error!(
-                "this client was not heard from for a whole lock lease: the metadata service \
-                 dropped every byte-range lock it held, and processes here are not told"
-            ),
+            Err(FsStatus::Stale) => {
+                // Not to be taken back by a later reclaim: another client may have held them
+                // meanwhile.
+                inner.locks.record().clear();
+                tracing::error!(
+                    "this client was not heard from for a whole lock lease: the metadata \
+                     service dropped every byte-range lock it held, and processes here are not \
+                     told"
+                );
+            }
             Err(e) => tracing::warn!(%e, "renewing this client's byte-range lock lease"),
         }
     }
@@ -186,7 +192,8 @@ impl Client {
         wait: Option<&dyn Fn() -> bool>,
     ) -> FsResult<()> {
         let lock_owner = self.lock_owner(owner);
-        let request = MetaRequest::SetLock { ino, owner: lock_owner, pid, range, kind };
+        let request =
+            MetaRequest::SetLock { ino, owner: lock_owner, pid, range, kind, wait: wait.is_some() };
         let mut pause = LOCK_RETRY_FIRST;
         loop {
             // The gate is held for one try only: a reclaim must not wait for a waiter.
@@ -197,8 +204,7 @@ impl Client {
             }
             drop(gate);
             match outcome {
-                // A restarted service lets new locks wait while its clients reclaim theirs:
-                // even F_SETLK waits (its answer would not be known before).
+                // A restarted service lets new locks wait while its clients reclaim theirs.
                 Err(FsStatus::LockConflict) | Err(FsStatus::Grace) if let Some(gave_up) = wait => {
                     if gave_up() {
                         return Err(FsStatus::Interrupted);
@@ -206,17 +212,15 @@ impl Client {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(LOCK_RETRY_MAX);
                 }
-                Err(FsStatus::Grace) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(LOCK_RETRY_MAX);
-                }
+                // F_SETLK answers at once: a lock yet to be reclaimed may be in the way, as far
+                // as anyone can tell (waiting here would hold a request thread of the mount).
+                Err(FsStatus::Grace) => return Err(FsStatus::LockConflict),
                 Err(e) => return Err(e),
                 Ok(_) => break,
             }
         }
         if kind != LockKind::Unlock && !self.inner.locks.renewing.swap(true, Ordering::SeqCst) {
-            let meta = Arc::downgrade(&self.inner.meta);
-            self.inner.runtime.spawn(renew(meta, self.inner.locks.id));
+            self.inner.runtime.spawn(renew(Arc::downgrade(&self.inner)));
         }
         Ok(())
     }
@@ -225,8 +229,9 @@ impl Client {
     pub fn release_locks(&self, ino: Ino, owner: u64) -> FsResult<()> {
         let _gate = self.inner.locks.shared();
         let lock_owner = self.lock_owner(owner);
-        self.meta(MetaRequest::ReleaseLocks { ino, owner: lock_owner })?;
+        // Forgotten here whatever the answer: the owner closed the file, and a later reclaim
+        // must not take back what it let go.
         self.inner.locks.record().remove(&(ino, owner));
-        Ok(())
+        self.meta(MetaRequest::ReleaseLocks { ino, owner: lock_owner }).map(|_| ())
     }
 }

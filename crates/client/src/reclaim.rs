@@ -35,11 +35,15 @@ impl Client {
                     tracing::warn!(%e, attempt, "telling the restarted metadata service what this client holds");
                     std::thread::sleep(RECLAIM_RETRY_PAUSE);
                 }
-                Err(e) => tracing::error!(
-                    %e,
-                    "could not tell the restarted metadata service what this client holds: \
-                     its open files may lose their data if unlinked, and its locks are not held"
-                ),
+                Err(e) => {
+                    tracing::error!(
+                        %e,
+                        "could not tell the restarted metadata service what this client holds \
+                         (tried again at its next answer): its open files may lose their data \
+                         if unlinked, and its locks are not held"
+                    );
+                    self.inner.meta.forget_instance();
+                }
             }
         }
     }

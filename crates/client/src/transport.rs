@@ -203,6 +203,12 @@ impl MetaConn {
         let _ = self.on_restart.set(hook);
     }
 
+    /// Makes the next reply count as one from a new run (a reclaim that failed is tried
+    /// again then).
+    pub fn forget_instance(&self) {
+        self.instance.store(u64::MAX, Ordering::Relaxed);
+    }
+
     /// Notes the run a reply came from; a change from a known one calls the restart hook.
     fn heard_from(&self, instance: Instance) {
         let last = self.instance.load(Ordering::Relaxed);
@@ -229,9 +235,9 @@ impl MetaConn {
         // Only a sync settles earlier changes; other requests need no mark.
         let mark = matches!(request, MetaRequest::Sync).then(|| self.watch.mark());
         let idempotent = request.is_idempotent();
-        let (answer, _): ((Epoch, Instance, MetaReply), _) =
+        let (answer, _): ((Epoch, MetaReply, Instance), _) =
             self.conn.call_typed(meta_method::CALL, &request, Bytes::new(), idempotent).await?;
-        let (epoch, instance, reply) = answer;
+        let (epoch, reply, instance) = answer;
         self.heard_from(instance);
         if let Some(mark) = mark {
             self.watch.synced(Service::Meta, mark, epoch);

@@ -58,7 +58,16 @@ struct Locks {
     /// When each client holding locks was last heard from.
     leases: HashMap<u64, Instant>,
     count: usize,
+    /// Owners waiting for a lock (F_SETLKW): the owner whose lock was in the way at their
+    /// last try, and when that was. A waiting client tries again at least every 100 ms, so an
+    /// entry older than [`WAITING_FRESH`] is one that gave up.
+    waiting: HashMap<LockOwnerId, (LockOwnerId, Instant)>,
 }
+
+/// How long a waiting owner's last try counts as waiting (see `Locks::waiting`).
+const WAITING_FRESH: Duration = Duration::from_secs(1);
+/// Most waiting owners noted; past it the stale entries go, then the new one is not noted.
+const WAITING_MAX: usize = 1 << 16;
 
 /// Every byte-range lock of the namespace.
 #[derive(Debug)]
@@ -111,6 +120,22 @@ impl LockTable {
         range: LockRange,
         kind: LockKind,
     ) -> Result<(), FsStatus> {
+        self.set_or_wait(ino, owner, pid, range, kind, false)
+    }
+
+    /// [`LockTable::set`] for a caller that waits for the lock while it conflicts (F_SETLKW,
+    /// `wait`): the owner is noted as waiting for the holder in its way, and a conflict that
+    /// closes a cycle of owners waiting for each other is answered `Deadlock` (EDEADLK, as
+    /// Linux answers its own F_SETLKW), since none of them would ever get its lock.
+    pub fn set_or_wait(
+        &self,
+        ino: Ino,
+        owner: LockOwnerId,
+        pid: u32,
+        range: LockRange,
+        kind: LockKind,
+        wait: bool,
+    ) -> Result<(), FsStatus> {
         check_range(range)?;
         let mut locks = self.lock();
         let leased = locks.heard_from(owner.client, self.lease, kind != LockKind::Unlock);
@@ -122,9 +147,19 @@ impl LockTable {
             LockKind::Read => false,
             LockKind::Write => true,
         };
-        if locks.conflict(ino, owner, range, write).is_some() {
+        if let Some(holder) = locks.conflict(ino, owner, range, write).map(|h| h.owner) {
+            if !wait {
+                return Err(FsStatus::LockConflict);
+            }
+            let now = Instant::now();
+            if locks.waits_for(holder, owner, now) {
+                locks.waiting.remove(&owner);
+                return Err(FsStatus::Deadlock);
+            }
+            locks.note_waiting(owner, holder, now);
             return Err(FsStatus::LockConflict);
         }
+        locks.waiting.remove(&owner);
         // An owner's lock may split one of its own in two: at most two more.
         if !leased || locks.count + 2 > LOCKS_MAX {
             return Err(FsStatus::NoLocks);
@@ -138,6 +173,7 @@ impl LockTable {
     pub fn release_owner(&self, ino: Ino, owner: LockOwnerId) {
         let mut locks = self.lock();
         locks.heard_from(owner.client, self.lease, false);
+        locks.waiting.remove(&owner);
         locks.cut(ino, owner, LockRange { start: 0, end: u64::MAX });
     }
 
@@ -254,6 +290,32 @@ impl Locks {
         false
     }
 
+    /// Whether `from` waits, directly or through other waiting owners, for `target`.
+    fn waits_for(&self, from: LockOwnerId, target: LockOwnerId, now: Instant) -> bool {
+        let mut at = from;
+        // Each owner waits for one other: a chain longer than the entries repeats itself.
+        for _ in 0..=self.waiting.len() {
+            if at == target {
+                return true;
+            }
+            match self.waiting.get(&at) {
+                Some(&(next, since)) if now.duration_since(since) <= WAITING_FRESH => at = next,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    fn note_waiting(&mut self, owner: LockOwnerId, holder: LockOwnerId, now: Instant) {
+        if self.waiting.len() >= WAITING_MAX && !self.waiting.contains_key(&owner) {
+            self.waiting.retain(|_, (_, since)| now.duration_since(*since) <= WAITING_FRESH);
+            if self.waiting.len() >= WAITING_MAX {
+                return;
+            }
+        }
+        self.waiting.insert(owner, (holder, now));
+    }
+
     /// Whether `owner` holds `range` of `ino` with a lock of that kind (an owner's adjacent
     /// locks of one kind are one, so one lock covers it if any do).
     fn holds(&self, ino: Ino, owner: LockOwnerId, range: LockRange, write: bool) -> bool {
@@ -264,8 +326,9 @@ impl Locks {
         })
     }
 
-    /// Drops every lock of `client`; how many there were.
+    /// Drops every lock of `client`, and its waits; how many locks there were.
     fn drop_locks_of(&mut self, client: u64) -> usize {
+        self.waiting.retain(|owner, _| owner.client != client);
         let mut dropped = 0;
         self.by_ino.retain(|_, held| {
             let before = held.len();
@@ -466,6 +529,35 @@ mod tests {
         t.drop_client(A.client);
         assert_eq!(t.holders(), vec![B.client]);
         t.set(1, B, 2, r(0, 99), LockKind::Write).unwrap();
+    }
+
+    #[test]
+    fn a_wait_that_closes_a_cycle_is_a_deadlock() {
+        let t = LockTable::default();
+        const C: LockOwnerId = LockOwnerId { client: 3, owner: 10 };
+        t.set(1, A, 1, r(0, 9), LockKind::Write).unwrap();
+        t.set(1, B, 2, r(10, 19), LockKind::Write).unwrap();
+        t.set(1, C, 3, r(20, 29), LockKind::Write).unwrap();
+        // A waits for B, B for C: no cycle yet.
+        let wait = |owner, at| t.set_or_wait(1, owner, 9, r(at, at), LockKind::Write, true);
+        assert_eq!(wait(A, 10), Err(FsStatus::LockConflict));
+        assert_eq!(wait(B, 20), Err(FsStatus::LockConflict));
+        // A try without waiting is never a deadlock.
+        assert_eq!(t.set(1, C, 3, r(0, 0), LockKind::Read), Err(FsStatus::LockConflict));
+        // C waiting for A would close A -> B -> C -> A.
+        assert_eq!(wait(C, 5), Err(FsStatus::Deadlock));
+        // A gives up (its wait goes stale): C may wait for A then.
+        let stale = Instant::now().checked_sub(WAITING_FRESH * 2).unwrap();
+        t.lock().waiting.insert(A, (B, stale));
+        assert_eq!(wait(C, 5), Err(FsStatus::LockConflict));
+        // B gets C's range once C unlocks it, and stops waiting.
+        t.set(1, C, 3, r(20, 29), LockKind::Unlock).unwrap();
+        assert_eq!(wait(B, 20), Ok(()));
+        assert!(!t.lock().waiting.contains_key(&B));
+        // A closing its file drops its waits with its locks.
+        assert_eq!(wait(A, 10), Err(FsStatus::LockConflict));
+        t.release_owner(1, A);
+        assert!(!t.lock().waiting.contains_key(&A));
     }
 
     #[test]

@@ -324,11 +324,16 @@ impl Meta {
 
     /// Drops an open handle of `client`. At the last one of an unlinked inode the inode is
     /// deleted and its purge returned: the caller removes the chunks. A client with no handle
-    /// of `ino` counted (its opens went with its session) changes nothing.
+    /// of `ino` counted (its opens went with its session, or were not reclaimed) drops
+    /// nothing, but an unlinked inode that nobody has open then goes. During a grace period
+    /// (see `reclaim`) no inode goes: a client may yet reclaim an open of it.
     pub fn release(&self, ino: Ino, client: u64) -> Result<Option<Purge>> {
         let mut opens = self.lock_opens();
         match opens.release(ino, client) {
             Release::StillOpen => return Ok(None),
+            // During a grace period another client may yet reclaim an open of it: an orphan
+            // then waits for the sweep at its end.
+            Release::Last if opens.in_grace() => return Ok(None),
             // Not counted for this client (its opens went with its session, or it did not
             // reclaim them after a restart): an orphan nobody may have open goes now.
             Release::NotOpen if opens.may_be_open(ino) => return Ok(None),
@@ -373,6 +378,10 @@ impl Meta {
             let unopened: Vec<Ino> =
                 self.orphans()?.into_iter().filter(|&ino| opens.count(ino) == 0).collect();
             opens.queue_purge(unopened);
+        }
+        if opens.in_grace() {
+            // Files left unopened may be open at a client yet to reclaim.
+            return Ok(Vec::new());
         }
         let candidates = opens.take_pending(stria_proto::wire::EXPIRED_PURGES_MAX);
         if candidates.is_empty() {

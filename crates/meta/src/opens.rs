@@ -162,6 +162,15 @@ impl Opens {
         self.by_client.keys().copied()
     }
 
+    /// While the grace period runs: the clients still awaited (`Some(None)`: unknown, after a
+    /// crash). `None` once it is over.
+    pub fn awaited(&self) -> Option<Option<Vec<u64>>> {
+        if !self.in_grace() {
+            return None;
+        }
+        Some(self.grace.waiting.as_ref().map(|w| w.iter().copied().collect()))
+    }
+
     /// Up to `max` of the pending inodes that are still not open (one reopened meanwhile is
     /// left to its own release).
     pub fn take_pending(&mut self, max: usize) -> Vec<Ino> {

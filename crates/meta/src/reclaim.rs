@@ -1,6 +1,6 @@
 //! What clients held when the service restarted: their open handles and byte-range locks live
 //! in memory only, so a restarted service asks its clients to tell them again (as NFSv4's
-//! reclaim). A client notices the restart by the new epoch of the replies and sends
+//! reclaim). A client notices the restart by the new `Instance` its replies carry and sends
 //! `Reclaim`.
 //!
 //! Until the clients of the last run have reclaimed (the grace period), the service cannot
@@ -100,9 +100,12 @@ impl Meta {
             }
             Ok(())
         })?;
+        // Locks first, while the open-handle map is held: the grace period cannot end (by
+        // this reclaim or by time) between `in_grace` and the grant, so no new lock slips
+        // in over one being reclaimed.
+        loss.locks = self.locks.reclaim(client, locks, in_grace);
         table.reclaim(client, first, &kept);
         drop(table);
-        loss.locks = self.locks.reclaim(client, locks, in_grace);
         if loss.opens > 0 || !loss.locks.is_empty() {
             tracing::warn!(
                 client,
@@ -121,17 +124,24 @@ impl Meta {
     }
 
     /// Records, durably, that the service stops cleanly, with the clients that hold opens or
-    /// locks now: the next run waits for them to reclaim (and only for them).
+    /// locks now: the next run waits for them to reclaim (and only for them). Stopped during
+    /// a grace period, the clients still awaited are waited for again; if those are unknown
+    /// (it followed a crash) the next run gets the whole grace period, as after a crash.
     pub fn record_clean_stop(&self) -> Result<()> {
         let opens = self.lock_opens();
+        let awaited = opens.awaited();
         let mut holders: Vec<u64> = opens.clients().chain(self.locks.holders()).collect();
+        if let Some(Some(awaited)) = &awaited {
+            holders.extend(awaited);
+        }
         holders.sort_unstable();
         holders.dedup();
+        let clean = !matches!(awaited, Some(None));
         self.write(|tx| {
             for client in &holders {
                 tx.set_system(&format!("{KEY_RECLAIM_PREFIX}{client:016x}"), 1)?;
             }
-            tx.set_system(KEY_CLEAN_STOP, 1)
+            tx.set_system(KEY_CLEAN_STOP, u64::from(clean))
         })?;
         drop(opens);
         self.sync()

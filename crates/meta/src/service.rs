@@ -255,7 +255,7 @@ impl MetaService {
                 let holder = meta.locks().test(ino, owner, range, kind);
                 MetaReply::Lock(holder.map_err(lock_error)?)
             }
-            MetaRequest::SetLock { ino, owner, pid, range, kind } => {
+            MetaRequest::SetLock { ino, owner, pid, range, kind, wait } => {
                 if kind != wire::LockKind::Unlock {
                     meta.getattr(ino)?;
                     if meta.in_grace() {
@@ -263,7 +263,7 @@ impl MetaService {
                         return Err(lock_error(FsStatus::Grace));
                     }
                 }
-                meta.locks().set(ino, owner, pid, range, kind).map_err(lock_error)?;
+                meta.locks().set_or_wait(ino, owner, pid, range, kind, wait).map_err(lock_error)?;
                 MetaReply::Done
             }
             MetaRequest::ReleaseLocks { ino, owner } => {
@@ -422,12 +422,12 @@ impl Service for MetaService {
             let (epoch, instance) = (service.epoch, service.instance);
             if inline {
                 return match service.handle(decoded) {
-                    Ok(reply) => Response::encode(&(epoch, instance, reply), Bytes::new()),
+                    Ok(reply) => Response::encode(&(epoch, reply, instance), Bytes::new()),
                     Err(status) => Response::fs_error(status),
                 };
             }
             match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
-                Ok(Ok(reply)) => Response::encode(&(epoch, instance, reply), Bytes::new()),
+                Ok(Ok(reply)) => Response::encode(&(epoch, reply, instance), Bytes::new()),
                 Ok(Err(status)) => Response::fs_error(status),
                 Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
             }

@@ -121,3 +121,50 @@ fn after_a_crash_the_grace_period_runs_its_length_and_a_clean_stop_without_holde
     assert!(!m.in_grace(), "stopped cleanly with nothing open and no locks");
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn nothing_is_purged_in_a_grace_period_and_a_stop_in_it_keeps_the_wait() {
+    let path = tmp_path("reclaim-in-grace");
+    let f = {
+        let m = Meta::open(&path, options()).expect("create");
+        m.begin_serving(LONG).expect("serve");
+        let f = m.create(ROOT_INO, b"f", 0o644, &alice()).expect("f");
+        m.open_file(f.ino, CLIENT).expect("open at 7");
+        m.open_file(f.ino, 8).expect("open at 8");
+        m.unlink(ROOT_INO, b"f", &alice()).expect("unlink");
+        m.record_clean_stop().expect("stop");
+        f.ino
+    };
+    {
+        let m = Meta::open(&path, options()).expect("reopen");
+        m.begin_serving(LONG).expect("serve");
+        m.reclaim(CLIENT, true, &[(f, 1)], &[]).expect("7");
+        // 7's last close: 8 may still have the file open, and has not said so yet.
+        assert!(m.release(f, CLIENT).expect("release").is_none(), "purged under client 8");
+        assert_eq!(m.orphans().expect("orphans"), vec![f]);
+        assert_eq!(purged(&m), Vec::<u64>::new());
+        // Stopped before 8 reclaimed: the next run waits for 8 again.
+        m.record_clean_stop().expect("stop");
+    }
+    {
+        let m = Meta::open(&path, options()).expect("reopen");
+        m.begin_serving(LONG).expect("serve");
+        assert!(m.in_grace(), "8 is still awaited");
+        m.reclaim(8, true, &[(f, 1)], &[]).expect("8");
+        assert!(!m.in_grace());
+        assert_eq!(purged(&m), Vec::<u64>::new(), "open at 8");
+        assert_eq!(m.release(f, 8).expect("release").map(|p| p.ino), Some(f));
+        drop(m); // a crash
+    }
+    {
+        let m = Meta::open(&path, options()).expect("reopen");
+        m.begin_serving(LONG).expect("serve");
+        // Stopped cleanly inside a grace period that followed a crash: still unknown.
+        m.record_clean_stop().expect("stop");
+    }
+    let m = Meta::open(&path, options()).expect("reopen");
+    m.begin_serving(LONG).expect("serve");
+    m.reclaim(CLIENT, true, &[], &[]).expect("7");
+    assert!(m.in_grace(), "who held what before the crash is still unknown");
+    let _ = std::fs::remove_file(&path);
+}

@@ -159,11 +159,13 @@ pub enum FsStatus {
     /// The metadata service restarted and gives its clients a grace period to reclaim the
     /// locks they held; new locks wait for its end (a client tries again).
     Grace = 27,
+    /// A lock wait (F_SETLKW) that would close a cycle of owners waiting for each other.
+    Deadlock = 28,
 }
 
 impl FsStatus {
     /// Every status, in code order.
-    pub const ALL: [FsStatus; 27] = [
+    pub const ALL: [FsStatus; 28] = [
         FsStatus::NotFound,
         FsStatus::Exists,
         FsStatus::NotDir,
@@ -191,6 +193,7 @@ impl FsStatus {
         FsStatus::Interrupted,
         FsStatus::NoLocks,
         FsStatus::Grace,
+        FsStatus::Deadlock,
     ];
 
     /// The Linux errno the FUSE mount returns for this status.
@@ -223,6 +226,7 @@ impl FsStatus {
             FsStatus::Interrupted => 4,   // EINTR
             FsStatus::NoLocks => 37,      // ENOLCK
             FsStatus::Grace => 11,        // EAGAIN
+            FsStatus::Deadlock => 35,     // EDEADLK
         }
     }
 }
@@ -257,6 +261,7 @@ impl fmt::Display for FsStatus {
             FsStatus::Interrupted => "interrupted",
             FsStatus::NoLocks => "no locks available",
             FsStatus::Grace => "the metadata service restarted: locks wait for its grace period",
+            FsStatus::Deadlock => "resource deadlock avoided",
         };
         f.write_str(text)
     }

@@ -14,7 +14,7 @@ use crate::fs::{ChunkId, FileLayout, FsStatus, Ino, LayoutPolicy, ObjectId, Targ
 /// clean stop hands its epoch to the next start, since it synced everything.
 ///
 /// Replies carry it so a client can tell whether a sync covers its earlier changes: the meta
-/// service answers every call with `(Epoch, Instance, MetaReply)`, and the storage service answers
+/// service answers every call with `(Epoch, MetaReply, Instance)`, and the storage service answers
 /// `CHUNK_WRITE`, `CHUNK_TRUNCATE`, `CHUNK_PUNCH`, `OBJECT_REMOVE`, `OBJECTS_REMOVE` and
 /// `TARGET_SYNC` with the
 /// epoch of the target's service. A change made under one epoch and a sync answered under
@@ -427,13 +427,16 @@ pub enum MetaRequest {
         kind: LockKind,
     },
     /// F_SETLK: takes `kind` over `range` for `owner`, or with `Unlock` drops the owner's
-    /// locks there; `LockConflict` while another owner holds a conflicting lock.
+    /// locks there; `LockConflict` while another owner holds a conflicting lock. With `wait`
+    /// (F_SETLKW, the client tries again while it conflicts) a conflict that closes a cycle of
+    /// owners waiting for each other is `Deadlock`.
     SetLock {
         ino: Ino,
         owner: LockOwnerId,
         pid: u32,
         range: LockRange,
         kind: LockKind,
+        wait: bool,
     },
     /// Drops every lock `owner` holds on the file (its process closed the file).
     ReleaseLocks {
@@ -466,7 +469,7 @@ pub enum MetaRequest {
     /// said hello (a node's own mount) keep their opens.
     ExpireClients,
     /// What a client held when the metadata service it talks to restarted (its replies came
-    /// under a new epoch): its open handles per file and its byte-range locks, told in pieces
+    /// from a new `Instance`): its open handles per file and its byte-range locks, told in pieces
     /// of at most [`RECLAIM_PIECE_MAX`] each. The `first` piece replaces the opens the
     /// service counts for the client, later ones add to them. Locks are granted back only
     /// during the service's grace period and where nothing conflicts (or the owner still holds

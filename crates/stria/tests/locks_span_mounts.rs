@@ -6,7 +6,8 @@
 //! read-only handle's locks go with its close, many waiters leave the mount serving the rest,
 //! and a waiter killed with SIGKILL exits instead of hanging in the kernel. flock(2) locks hold
 //! across the mounts too, with flock's ownership: per open file, kept by dups, dropped at
-//! the open file's last close.
+//! the open file's last close. Waits that would close a cycle of owners waiting for each
+//! other fail with EDEADLK.
 
 #![allow(clippy::unwrap_used)]
 
@@ -313,4 +314,32 @@ fn flock_locks_hold_across_mounts() {
     drop(c);
     eventually_flock(d.as_raw_fd(), libc::LOCK_EX, "the closed holder's flock");
     drop((a, d));
+}
+
+#[test]
+fn waits_that_close_a_cycle_fail_with_edeadlk() {
+    require_fuse();
+    let dir = scratch("lock-deadlock");
+    let node = Node::start(&dir, &ARGS);
+    let second = SecondMount::start(&node, &dir.join("m2"));
+    std::fs::write(node.mount.join("pair"), vec![0u8; 100]).unwrap();
+    // One owner on each mount (the mounts' clients differ), each holding one byte.
+    let a = open_rw(&node.mount.join("pair"));
+    let b = open_rw(&second.path.join("pair"));
+    let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
+    set_lock(fa, false, libc::F_WRLCK, 0, 1).unwrap();
+    set_lock(fb, false, libc::F_WRLCK, 10, 1).unwrap();
+
+    // a waits for b's byte; b waiting for a's would never end: EDEADLK, at once.
+    let waiter = std::thread::spawn(move || set_lock(fa, true, libc::F_WRLCK, 10, 1));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiter.is_finished(), "a's wait ended while b holds the byte");
+    let closing = std::thread::spawn(move || set_lock(fb, true, libc::F_WRLCK, 0, 1));
+    let closed = join_within(closing, "the wait that closes the cycle");
+    assert_eq!(closed, Err(libc::EDEADLK));
+    // A wait that closes no cycle still waits: b unlocks its byte, and a gets it.
+    set_lock(fb, false, libc::F_UNLCK, 10, 1).unwrap();
+    assert_eq!(join_within(waiter, "a's wait for the byte b unlocked"), Ok(()));
+    assert_eq!(set_lock(fb, false, libc::F_WRLCK, 10, 1), Err(libc::EAGAIN));
+    drop((a, b, second));
 }

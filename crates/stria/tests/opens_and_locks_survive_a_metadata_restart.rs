@@ -2,8 +2,8 @@
 //! under a running mount (`stria up --separate-roles`, its role killed with -9), the mount's
 //! client tells the new run what it holds. A lock taken before the crash still excludes
 //! another mount. An unlinked file still open through the mount keeps its data until it is
-//! closed; its space then comes back. Meanwhile a new lock waits out the grace period rather
-//! than be granted over a lock that has not been reclaimed yet. Takes about a minute: after
+//! closed; its space then comes back. Meanwhile, in the grace period, no new lock is granted
+//! over a lock that has not been reclaimed yet: F_SETLKW waits for its end and F_SETLK fails. Takes about a minute: after
 //! a crash the grace period is a whole lease (30 s).
 
 #![allow(clippy::unwrap_used)]
@@ -27,20 +27,26 @@ fn pattern() -> Vec<u8> {
     (0..UNLINKED_BYTES).map(|i| (i * 13 + i / 4096) as u8).collect()
 }
 
-/// fcntl(F_SETLK) of a write lock over `start..start + len`: Ok or the errno.
-fn try_lock(file: &std::fs::File, start: i64, len: i64) -> Result<(), i32> {
+/// fcntl(F_SETLKW if `wait`, else F_SETLK) of a write lock over `start..start + len`: Ok or
+/// the errno.
+fn write_lock(file: &std::fs::File, wait: bool, start: i64, len: i64) -> Result<(), i32> {
     // SAFETY: flock is plain data; every field that matters is set below.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as i16;
     lock.l_whence = libc::SEEK_SET as i16;
     lock.l_start = start;
     lock.l_len = len;
+    let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
     // SAFETY: fcntl with a valid descriptor and a pointer to a live flock.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } == 0 {
+    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &lock) } == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error().raw_os_error().unwrap())
     }
+}
+
+fn try_lock(file: &std::fs::File, start: i64, len: i64) -> Result<(), i32> {
+    write_lock(file, false, start, len)
 }
 
 /// Free bytes of the file system mounted at `mount` (statvfs).
@@ -105,14 +111,25 @@ fn opens_and_locks_survive_a_metadata_restart() {
     // The first answer the mount's client gets from the new run sets off its reclaim.
     free_bytes(&m1);
 
-    // The other mount's lock waits out the grace period, then finds the reclaimed lock.
-    assert_eq!(try_lock(&theirs, 50, 10), Err(libc::EAGAIN), "granted over a held lock");
-    assert!(
-        restarted.elapsed() >= LOCK_LEASE - Duration::from_secs(5),
-        "the lock was answered {:?} after the restart, inside the grace period",
-        restarted.elapsed()
-    );
+    // During the grace period an F_SETLKW waits even for a free range, and an F_SETLK is
+    // refused at once: a lock yet to be reclaimed may be in the way.
+    let waiter = {
+        let theirs = theirs.try_clone().unwrap();
+        std::thread::spawn(move || {
+            write_lock(&theirs, true, 300, 10).unwrap();
+            restarted.elapsed()
+        })
+    };
+    assert_eq!(try_lock(&theirs, 400, 10), Err(libc::EAGAIN), "granted in the grace period");
+    // After it, the reclaimed lock still excludes the other mount; free ranges are granted.
+    std::thread::sleep((restarted + LOCK_LEASE + Duration::from_secs(2)) - Instant::now());
+    assert_eq!(try_lock(&theirs, 50, 10), Err(libc::EAGAIN), "granted over a reclaimed lock");
     try_lock(&theirs, 200, 10).unwrap();
+    let waited = waiter.join().unwrap();
+    assert!(
+        waited >= LOCK_LEASE - Duration::from_secs(5),
+        "a wait for a free range was granted {waited:?} after the restart, in the grace period"
+    );
 
     // The orphans of the last run nobody reclaimed are purged once the grace period is over
     // (within one round of the node's expiry, 10 s): this one was reclaimed and stays.
