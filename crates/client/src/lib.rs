@@ -12,6 +12,7 @@
 //! requests on a tokio runtime it is given.
 
 mod data;
+mod dir_attrs;
 mod durability;
 mod files;
 mod locks;
@@ -195,6 +196,15 @@ impl Client {
 
     pub fn getattr(&self, ino: Ino) -> FsResult<Attr> {
         self.attr_reply(MetaRequest::GetAttr { ino })
+    }
+
+    /// [`Client::getattr`], answered without a request for a directory this client changed
+    /// within `max_age` (the attributes came with the change; see `dir_attrs`).
+    pub fn getattr_within(&self, ino: Ino, max_age: std::time::Duration) -> FsResult<Attr> {
+        match self.inner.meta.dirs.get(ino, max_age) {
+            Some(attr) => Ok(attr),
+            None => self.getattr(ino),
+        }
     }
 
     /// Changes attributes; a size change waits for queued writes and trims or removes the

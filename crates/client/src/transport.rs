@@ -19,6 +19,7 @@ use stria_proto::wire::{
 use stria_rpc::{ClusterSecret, Data};
 use tokio::sync::OnceCell;
 
+use crate::dir_attrs::DirAttrs;
 use crate::durability::{DurabilityWatch, Service};
 use crate::{DriveChangeError, FsResult};
 
@@ -180,6 +181,8 @@ pub(crate) struct MetaConn {
     instance: AtomicU64,
     /// Called when a reply comes from a new run of the service (it restarted).
     on_restart: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Directories' attributes as this client's last changes of them left them.
+    pub dirs: DirAttrs,
 }
 
 impl std::fmt::Debug for MetaConn {
@@ -195,6 +198,7 @@ impl MetaConn {
             watch,
             instance: AtomicU64::new(0),
             on_restart: OnceLock::new(),
+            dirs: DirAttrs::default(),
         }
     }
 
@@ -235,15 +239,32 @@ impl MetaConn {
         // Only a sync settles earlier changes; other requests need no mark.
         let mark = matches!(request, MetaRequest::Sync).then(|| self.watch.mark());
         let idempotent = request.is_idempotent();
+        let mut changed = request.changed_inodes();
+        let in_flight = self.dirs.sending(&changed);
         let (answer, _): ((Epoch, MetaReply, Instance), _) =
             self.conn.call_typed(meta_method::CALL, &request, Bytes::new(), idempotent).await?;
         let (epoch, reply, instance) = answer;
         self.heard_from(instance);
+        let reply = match reply {
+            MetaReply::WithParent { reply, parent } => {
+                in_flight.answered(Some(parent));
+                *reply
+            }
+            reply => {
+                in_flight.answered(None);
+                // Fresher than what a change of this client left: that goes.
+                if let MetaReply::Attr(attr) = &reply
+                    && attr.kind == stria_proto::wire::FileKind::Dir
+                {
+                    self.dirs.forget(attr.ino);
+                }
+                reply
+            }
+        };
         if let Some(mark) = mark {
             self.watch.synced(Service::Meta, mark, epoch);
             return Ok((epoch, reply));
         }
-        let mut changed = request.changed_inodes();
         if matches!(
             request,
             MetaRequest::Create { .. } | MetaRequest::Mkdir { .. } | MetaRequest::Symlink { .. }

@@ -499,7 +499,11 @@ impl Filesystem for StriaFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.requests.count(Op::Getattr);
-        self.reply_attr(reply, stale_if_gone(self.client.getattr(ino.0)));
+        // The kernel asks for a directory's attributes after each change in it; a change of
+        // this mount's within the attribute timeout brought them (as fresh as the kernel's
+        // own cache would keep them).
+        let attr = self.client.getattr_within(ino.0, self.ttl);
+        self.reply_attr(reply, stale_if_gone(attr));
     }
 
     fn setattr(

@@ -106,7 +106,9 @@ impl MetaService {
         let op = request.op_name();
         tracing::trace!(op, "metadata request");
         self.ops.count(op);
-        self.dispatch(request).map_err(|error| {
+        let parent = request.parent_changed();
+        let reply = self.dispatch(request).map(|reply| self.with_parent(reply, parent));
+        reply.map_err(|error| {
             let status = error.status();
             if status == FsStatus::Io {
                 tracing::error!(op, %error, "metadata request failed");
@@ -373,6 +375,18 @@ impl MetaService {
                 data: plan.bytes,
                 version: plan.version,
             }),
+        }
+    }
+
+    /// A change of a directory's entries answers with the directory's attributes too (read
+    /// just after the change): the kernel asks for them before the next change in it, and the
+    /// client answers that from what came here.
+    fn with_parent(&self, reply: MetaReply, parent: Option<Ino>) -> MetaReply {
+        match parent.map(|dir| self.meta.getattr(dir)) {
+            Some(Ok(dir)) => {
+                MetaReply::WithParent { reply: Box::new(reply), parent: self.wire_attr(dir) }
+            }
+            _ => reply,
         }
     }
 

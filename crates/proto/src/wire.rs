@@ -618,6 +618,20 @@ impl MetaRequest {
         }
     }
 
+    /// The one directory whose entries the request changes, if it names one: the service
+    /// answers with its attributes too ([`MetaReply::WithParent`]).
+    pub fn parent_changed(&self) -> Option<Ino> {
+        match self {
+            MetaRequest::Create { parent, .. }
+            | MetaRequest::Mkdir { parent, .. }
+            | MetaRequest::Symlink { parent, .. }
+            | MetaRequest::Unlink { parent, .. }
+            | MetaRequest::Rmdir { parent, .. } => Some(*parent),
+            MetaRequest::Link { new_parent, .. } => Some(*new_parent),
+            _ => None,
+        }
+    }
+
     /// Whether running the request twice leaves the same state and answer as running it once,
     /// so a client may send it again when the connection broke before the reply: reads, and
     /// changes that set absolute values. Not the ones that add or remove names, count opens,
@@ -752,6 +766,12 @@ pub enum MetaReply {
     Reclaimed {
         opens_lost: u32,
         locks_lost: Vec<ReclaimedLock>,
+    },
+    /// The reply to a change of one directory's entries ([`MetaRequest::parent_changed`]),
+    /// with the directory's attributes just after it.
+    WithParent {
+        reply: Box<MetaReply>,
+        parent: Attr,
     },
 }
 
