@@ -390,7 +390,7 @@ impl VolumeIo {
             target,
             chunk,
             offset: piece.offset_in_chunk,
-            crc: crc32c::crc32c(&bytes),
+            crc: stria_proto::crc32c(&bytes),
             sync,
         };
         async move { storage.chunk_write(request, bytes).await }

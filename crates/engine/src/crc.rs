@@ -31,7 +31,7 @@ fn block_shift() -> &'static [u32; 32] {
 /// The CRC32C of the blocks whose CRCs are `crcs`, in order, each [`BLOCK`] bytes long.
 pub(crate) fn of_blocks(crcs: &[u32]) -> u32 {
     let shift = block_shift();
-    crcs.iter().fold(crc32c::crc32c(&[]), |total, &block| {
+    crcs.iter().fold(stria_proto::crc32c(&[]), |total, &block| {
         let mut shifted = 0;
         let mut bits = total;
         while bits != 0 {
@@ -52,8 +52,8 @@ mod tests {
         let mut rng = crate::testing::Rng::new(7);
         for blocks in [0usize, 1, 2, 3, 17, 256] {
             let data = rng.bytes(blocks * BLOCK);
-            let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
-            assert_eq!(of_blocks(&crcs), crc32c::crc32c(&data), "{blocks} blocks");
+            let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(stria_proto::crc32c).collect();
+            assert_eq!(of_blocks(&crcs), stria_proto::crc32c(&data), "{blocks} blocks");
         }
     }
 }

@@ -399,7 +399,7 @@ impl Engine {
             for (k, bytes) in blocks.enumerate() {
                 let logical = first + (i + k) as u32;
                 let b = block_at(i + k).expect("a run holds mapped blocks only");
-                let actual = crc32c::crc32c(bytes);
+                let actual = stria_proto::crc32c(bytes);
                 if actual != b.crc {
                     tracing::error!(%chunk, block = logical, physical = b.physical, "checksum mismatch");
                     // Whatever held the bad copy, the next read goes to the array.
@@ -585,11 +585,11 @@ impl Engine {
             && (offset as usize).is_multiple_of(BLOCK)
             && data.len().is_multiple_of(BLOCK);
         let block_crcs = whole_blocks
-            .then(|| data.chunks_exact(BLOCK).map(crc32c::crc32c).collect::<Vec<u32>>());
+            .then(|| data.chunks_exact(BLOCK).map(stria_proto::crc32c).collect::<Vec<u32>>());
         if let Some(expected) = crc {
             let actual = match &block_crcs {
                 Some(crcs) => crate::crc::of_blocks(crcs),
-                None => crc32c::crc32c(data),
+                None => stria_proto::crc32c(data),
             };
             if actual != expected {
                 return Err(EngineError::PayloadChecksum { expected, actual });
@@ -969,7 +969,7 @@ impl Engine {
             segments.into_iter().flat_map(|s| s.bytes).collect()
         };
         // The checksums are of exactly the bytes handed to the array.
-        let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(crc32c::crc32c).collect();
+        let crcs: Vec<u32> = data.chunks_exact(BLOCK).map(stria_proto::crc32c).collect();
         self.apply_blocks(chunk, rec, existed, &places, &data, crcs, unmap, new_len)
     }
 

@@ -42,7 +42,7 @@ impl Superblock {
         b[32..48].copy_from_slice(&self.array_uuid.0);
         b[48..56].copy_from_slice(&self.data_start_block.to_le_bytes());
         b[56..64].copy_from_slice(&self.block_count.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..CRC_AT]);
+        let crc = stria_proto::crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -55,7 +55,7 @@ impl Superblock {
             return Err("no engine magic in block 0 (array not formatted by the engine)".into());
         }
         let stored = u32::from_le_bytes(le4(&b[CRC_AT..]));
-        let actual = crc32c::crc32c(&b[..CRC_AT]);
+        let actual = stria_proto::crc32c(&b[..CRC_AT]);
         if stored != actual {
             return Err(format!("checksum {actual:#010x} does not match stored {stored:#010x}"));
         }

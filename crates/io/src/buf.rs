@@ -42,6 +42,14 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
+    /// A buffer of `len` bytes for a device read to fill, not zeroed first. Only for a read
+    /// that hands its buffer on once every byte has been transferred into it (a short or failed
+    /// read drops it unread): zeroing each buffer before the device overwrote it cost about 1.5%
+    /// of the node's CPU in 1 MiB sequential reads through the mount.
+    pub(crate) fn for_read(len: usize) -> AlignedBuf {
+        AlignedBuf::allocate(len, false)
+    }
+
     /// A copy of `data`, written once (not zeroed first).
     pub fn from_slice(data: &[u8]) -> AlignedBuf {
         let buf = AlignedBuf::allocate(data.len(), false);
@@ -65,7 +73,7 @@ impl Drop for AlignedBuf {
         if self.len != 0 {
             let layout =
                 Layout::from_size_align(self.len, ALIGN).expect("layout was valid at alloc");
-            // SAFETY: allocated in `zeroed` with this exact layout.
+            // SAFETY: allocated in `allocate` with this exact layout.
             unsafe { dealloc(self.ptr.as_ptr(), layout) };
         }
     }
@@ -74,7 +82,8 @@ impl Drop for AlignedBuf {
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised bytes (zeroed at allocation).
+        // SAFETY: ptr is valid for len initialised bytes: zeroed at allocation, or written
+        // whole before anything reads them (`from_slice`, `for_read`).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

@@ -251,7 +251,8 @@ impl Reaper {
         let Request { op, completer, started } = request;
         let kind = op.kind();
         let (offset, buf, fua) = match op {
-            IoOp::Read { offset, len } => (offset, AlignedBuf::zeroed(len), false),
+            // Handed on only when the kernel has filled all of it (`completed`).
+            IoOp::Read { offset, len } => (offset, AlignedBuf::for_read(len), false),
             IoOp::Write { offset, data, fua } => (offset, data, fua),
             IoOp::Flush => (0, AlignedBuf::zeroed(0), false),
             IoOp::Discard { offset, len } => {

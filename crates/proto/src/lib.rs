@@ -1,10 +1,14 @@
 //! Types shared by every Stria crate: ids, limits and stable status codes.
 //!
-//! This crate owns no I/O and depends on nothing; both sides of every wire and every on-disk
-//! format import it, so a number defined here means the same thing everywhere.
+//! This crate owns no I/O and depends on little (serde, and crc-fast for CRC32C); both sides of
+//! every wire and every on-disk format import it, so a number defined here means the same thing
+//! everywhere.
 
 use std::fmt;
 
+pub use checksum::{crc32c, crc32c_append};
+
+pub mod checksum;
 pub mod fs;
 pub mod mgmt;
 pub mod net;

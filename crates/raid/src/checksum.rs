@@ -18,13 +18,13 @@ const PERSIST_PAGES_MAX: usize = 256;
 
 pub fn crc_block(block: &[u8]) -> u32 {
     debug_assert_eq!(block.len(), BLOCK_BYTES);
-    crc32c::crc32c(block)
+    stria_proto::crc32c(block)
 }
 
 /// CRC32C of a block of zeros: what a freshly created, discarded data area holds.
 pub fn crc_zero_block() -> u32 {
     static ZERO: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *ZERO.get_or_init(|| crc32c::crc32c(&[0u8; BLOCK_BYTES]))
+    *ZERO.get_or_init(|| stria_proto::crc32c(&[0u8; BLOCK_BYTES]))
 }
 
 #[derive(Debug)]

@@ -67,7 +67,7 @@ pub fn encode(
     let mut payload_crc = 0u32;
     for part in payload {
         buf[at..at + part.len()].copy_from_slice(part);
-        payload_crc = crc32c::crc32c_append(payload_crc, part);
+        payload_crc = stria_proto::crc32c_append(payload_crc, part);
         at += part.len();
     }
     let h = &mut buf[..HEADER_BYTES];
@@ -85,7 +85,7 @@ pub fn encode(
         h[at + 4..at + 8].copy_from_slice(&e.row.to_le_bytes());
         h[at + 8..at + 12].copy_from_slice(&e.rows.to_le_bytes());
     }
-    let crc = crc32c::crc32c(&h[..HEADER_BYTES - 4]);
+    let crc = stria_proto::crc32c(&h[..HEADER_BYTES - 4]);
     h[HEADER_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
     buf
 }
@@ -112,7 +112,7 @@ pub fn scan(ring: &[u8], array: Uuid, epoch: u64) -> Vec<Record> {
             if h[0..8] != RECORD_MAGIC || h[8..24] != array.0 || u64_at(h, 24) != epoch {
                 return None;
             }
-            if u32_at(h, HEADER_BYTES - 4) != crc32c::crc32c(&h[..HEADER_BYTES - 4]) {
+            if u32_at(h, HEADER_BYTES - 4) != stria_proto::crc32c(&h[..HEADER_BYTES - 4]) {
                 return None;
             }
             let payload_bytes = usize::try_from(u64_at(h, 48)).ok()?;
@@ -137,7 +137,7 @@ pub fn scan(ring: &[u8], array: Uuid, epoch: u64) -> Vec<Record> {
                 return None;
             }
             let payload = &ring[at + HEADER_BYTES..at + HEADER_BYTES + payload_bytes];
-            if crc32c::crc32c(payload) != u32_at(h, 60) {
+            if stria_proto::crc32c(payload) != u32_at(h, 60) {
                 return None;
             }
             Some(Record {
@@ -217,7 +217,7 @@ mod tests {
         let good = encode(array, 9, 1, 2, &entries, &[&[0x33; 4096]]);
         let mut forged = good.to_vec();
         forged[48..56].copy_from_slice(&(u64::MAX - 255).to_le_bytes());
-        let crc = crc32c::crc32c(&forged[..HEADER_BYTES - 4]);
+        let crc = stria_proto::crc32c(&forged[..HEADER_BYTES - 4]);
         forged[HEADER_BYTES - 4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         let mut ring = forged;
         ring.extend_from_slice(&good);

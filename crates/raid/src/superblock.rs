@@ -305,7 +305,7 @@ impl Superblock {
             // 7 bytes are enough for any cursor (2^56 stripes).
             b[at + 25..at + 32].copy_from_slice(&s.rebuild_cursor.to_le_bytes()[..7]);
         }
-        let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+        let crc = stria_proto::crc32c(&b[..CRC_OFFSET]);
         put_u32(&mut b, CRC_OFFSET, crc);
         b
     }
@@ -315,7 +315,7 @@ impl Superblock {
             return Err(SuperblockError::NotStria);
         }
         let stored = get_u32(b, CRC_OFFSET);
-        let computed = crc32c::crc32c(&b[..CRC_OFFSET]);
+        let computed = stria_proto::crc32c(&b[..CRC_OFFSET]);
         if stored != computed {
             return Err(SuperblockError::Checksum { stored, computed });
         }
@@ -427,7 +427,7 @@ mod tests {
         assert_eq!(Superblock::decode(&[0u8; 4096]), Err(SuperblockError::NotStria));
         let mut bytes = sample().encode();
         put_u32(&mut bytes, 8, 9);
-        let crc = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+        let crc = stria_proto::crc32c(&bytes[..CRC_OFFSET]);
         put_u32(&mut bytes, CRC_OFFSET, crc);
         assert_eq!(Superblock::decode(&bytes), Err(SuperblockError::Version(9)));
     }

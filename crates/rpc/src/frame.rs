@@ -122,7 +122,7 @@ impl Header {
         b[24..28].copy_from_slice(&self.message_len.to_le_bytes());
         b[28..32].copy_from_slice(&self.data_len.to_le_bytes());
         b[32..36].copy_from_slice(&self.payload_crc.to_le_bytes());
-        let crc = crc32c::crc32c(&b[0..36]);
+        let crc = stria_proto::crc32c(&b[0..36]);
         b[36..40].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -142,7 +142,7 @@ impl Header {
             return Err(FrameError::BadVersion { found: b[4] });
         }
         let expected = u32_at(36);
-        let actual = crc32c::crc32c(&b[0..36]);
+        let actual = stria_proto::crc32c(&b[0..36]);
         if expected != actual {
             return Err(FrameError::HeaderChecksum { expected, actual });
         }
@@ -205,7 +205,7 @@ impl Header {
 
 /// CRC32C of the message followed by the data.
 pub fn payload_crc(message: &[u8], data: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(message), data)
+    stria_proto::crc32c_append(stria_proto::crc32c(message), data)
 }
 
 /// One whole frame: header plus its two payload parts. `message` and `data` are separate
@@ -345,7 +345,7 @@ mod tests {
     /// Rewrites header bytes and fixes the header CRC, so a test reaches the check after it.
     fn patch(bytes: &mut [u8], at: usize, value: &[u8]) {
         bytes[at..at + value.len()].copy_from_slice(value);
-        let crc = crc32c::crc32c(&bytes[0..36]);
+        let crc = stria_proto::crc32c(&bytes[0..36]);
         bytes[36..40].copy_from_slice(&crc.to_le_bytes());
     }
 

@@ -112,7 +112,7 @@ fn fill_block(seed: u64, block: u64, version: u64, out: &mut [u8]) {
     out[..8].copy_from_slice(&MAGIC);
     out[8..16].copy_from_slice(&block.to_le_bytes());
     out[16..24].copy_from_slice(&version.to_le_bytes());
-    let crc = crc32c::crc32c(&out[HEADER_BYTES..]);
+    let crc = stria_proto::crc32c(&out[HEADER_BYTES..]);
     out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     out[CRC_AT + 4..HEADER_BYTES].fill(0);
 }
@@ -221,7 +221,7 @@ impl Expectations {
             data[CRC_AT + 2],
             data[CRC_AT + 3],
         ]);
-        let crc = crc32c::crc32c(&data[HEADER_BYTES..]);
+        let crc = stria_proto::crc32c(&data[HEADER_BYTES..]);
         if stored_crc != crc {
             return Err(format!(
                 "block {block} (version {version}) is torn or corrupt: body CRC32C {crc:#010x}, header says {stored_crc:#010x}"
