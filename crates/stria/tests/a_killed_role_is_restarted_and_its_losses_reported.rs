@@ -140,6 +140,8 @@ fn killed_roles_come_back_and_a_lost_change_fails_its_sync_once() {
 
     // All roles in one process again, on the same data.
     node.args.retain(|a| a != "--separate-roles");
+    // With its REST API on a free port too: the default one may belong to a node of the machine.
+    node.args.extend(["--api-listen".into(), "127.0.0.1:0".into()]);
     node.restart();
     assert_eq!(std::fs::read(mnt.join("a")).unwrap(), durable);
     assert_eq!(std::fs::read(mnt.join("c")).unwrap(), pattern(3, 0, 1 << 20));
