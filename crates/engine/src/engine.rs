@@ -387,10 +387,13 @@ impl Engine {
                 n += 1;
             }
             let at = out.len();
+            // The CRCs the array checked the blocks of the run against, where it read them.
+            let mut checked = Vec::new();
             if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out)) {
                 // Not all cached: the run comes from the packer's images or the array.
                 let mut run = vec![0u8; n * BLOCK];
-                if !self.read_physical(start.physical, &mut run, memory_only)? {
+                checked = vec![None; n];
+                if !self.read_physical(start.physical, &mut run, &mut checked, memory_only)? {
                     return Ok(false);
                 }
                 out.push(Bytes::from(run));
@@ -399,7 +402,12 @@ impl Engine {
             for (k, bytes) in blocks.enumerate() {
                 let logical = first + (i + k) as u32;
                 let b = block_at(i + k).expect("a run holds mapped blocks only");
-                let actual = stria_proto::crc32c(bytes);
+                // A block the array read was checked against its table, whose CRC is then the
+                // CRC of these bytes: comparing it with the chunk map's is checking the bytes.
+                let actual = match checked.get(k).copied().flatten() {
+                    Some(crc) => crc,
+                    None => stria_proto::crc32c(bytes),
+                };
                 if actual != b.crc {
                     tracing::error!(%chunk, block = logical, physical = b.physical, "checksum mismatch");
                     // Whatever held the bad copy, the next read goes to the array.
@@ -421,10 +429,13 @@ impl Engine {
     /// Reads whole array blocks from `first` into `out`, past the read cache: blocks still
     /// held in the packer's images come from memory, the rest from the array (and may fill
     /// the cache). With `memory_only`, returns Ok(false) rather than read the array.
+    /// `checked` (one entry per block) gets the CRC32C the array checked each block it read
+    /// against; blocks from memory are left as they are.
     fn read_physical(
         &self,
         first: u64,
         out: &mut [u8],
+        checked: &mut [Option<u32>],
         memory_only: bool,
     ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
@@ -445,7 +456,12 @@ impl Engine {
                     dest.copy_from_slice(&image[from..from + len]);
                 }
                 None => {
-                    self.array.read((first + part.at) * BLOCK as u64, dest)?;
+                    let mut crcs = vec![0u32; part.count as usize];
+                    self.array.read_with_crcs((first + part.at) * BLOCK as u64, dest, &mut crcs)?;
+                    let from = part.at as usize;
+                    for (slot, crc) in checked[from..from + crcs.len()].iter_mut().zip(crcs) {
+                        *slot = Some(crc);
+                    }
                     if small {
                         self.cache.put(first + part.at, dest);
                     } else {

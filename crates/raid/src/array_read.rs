@@ -41,6 +41,29 @@ impl Array {
     /// checked against its CRC32C; a bad or unreadable block is rebuilt from redundancy and
     /// rewritten in place, or the read fails. Wrong data is never returned.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RaidError> {
+        self.read_into(offset, buf, None)
+    }
+
+    /// As [`Array::read`], and sets `crcs[k]` to the CRC32C of block `k` of `buf` (`crcs` holds
+    /// one entry per 4 KiB block). The array checks every block it returns against its
+    /// checksum table, so a caller that keeps its own checksums of these blocks can compare
+    /// them with these instead of checksumming the bytes again.
+    pub fn read_with_crcs(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        crcs: &mut [u32],
+    ) -> Result<(), RaidError> {
+        assert_eq!(crcs.len(), buf.len() / BLOCK_BYTES, "one CRC per block of the buffer");
+        self.read_into(offset, buf, Some(crcs))
+    }
+
+    fn read_into(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        mut crcs: Option<&mut [u32]>,
+    ) -> Result<(), RaidError> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
@@ -96,12 +119,18 @@ impl Array {
                 Some((d, Ok(IoDone::Read(data)))) => {
                     let first = self.table_block(p.stripe, p.offset_in_chunk / BLOCK);
                     let crc = members[d].crc.as_ref().expect("readable members have tables");
-                    let ok = data
-                        .chunks_exact(BLOCK_BYTES)
-                        .enumerate()
-                        .all(|(j, b)| crc_block(b) == crc.get(first + j as u64));
+                    let range = out_range(p);
+                    let mut piece_crcs =
+                        crcs.as_deref_mut().map(|c| &mut c[range.start / BLOCK_BYTES..]);
+                    let ok = data.chunks_exact(BLOCK_BYTES).enumerate().all(|(j, b)| {
+                        let actual = crc_block(b);
+                        if let Some(out) = piece_crcs.as_deref_mut() {
+                            out[j] = actual;
+                        }
+                        actual == crc.get(first + j as u64)
+                    });
                     if ok {
-                        buf[out_range(p)].copy_from_slice(&data);
+                        buf[range].copy_from_slice(&data);
                     }
                     ok
                 }
@@ -134,7 +163,7 @@ impl Array {
                 copy_piece(p, read, &mut buf[out_range(p)]);
             }
         } else {
-            for i in slow {
+            for &i in &slow {
                 let p = pieces[i];
                 let row = p.offset_in_chunk / BLOCK;
                 let data =
@@ -145,6 +174,21 @@ impl Array {
         for p in pieces.iter().filter(|p| degraded_contains(&degraded, p.stripe)) {
             let read = rebuilt.get(&p.stripe).expect("every degraded stripe was reconstructed");
             copy_piece(p, read, &mut buf[out_range(p)]);
+        }
+        // What was reconstructed or read again was checked member by member; its own CRCs are
+        // computed here (rare: degraded stripes and repairs).
+        if let Some(crcs) = crcs {
+            let again = pieces
+                .iter()
+                .enumerate()
+                .filter(|(i, p)| slow.contains(i) || degraded_contains(&degraded, p.stripe));
+            for (_, p) in again {
+                let range = out_range(p);
+                let at = range.start / BLOCK_BYTES;
+                for (j, b) in buf[range].chunks_exact(BLOCK_BYTES).enumerate() {
+                    crcs[at + j] = crc_block(b);
+                }
+            }
         }
         Ok(())
     }
