@@ -86,6 +86,13 @@ pub(crate) struct InodeState {
     /// (as far as close-to-open consistency goes: another client's setxattr meanwhile is
     /// seen at the next open).
     pub no_xattrs: bool,
+    /// This client asked for the file's `security.capability` while it had the file open and
+    /// there was none (the kernel asks before every write to a file; see `Client::getxattr`).
+    /// Same consistency as `no_xattrs`.
+    pub no_capability: bool,
+    /// Extended-attribute changes made through this client while the file was open: an answer
+    /// to a request sent before one of them says nothing about the file after it.
+    pub xattr_changes: u64,
 }
 
 /// A queued write's end and id; the receiver closes when the write has finished.
@@ -147,6 +154,8 @@ impl OpenFiles {
                         in_flight: BTreeMap::new(),
                         next_write_id: 0,
                         no_xattrs: false,
+                        no_capability: false,
+                        xattr_changes: 0,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
                     write_budget_bytes: self.write_behind_bytes,
@@ -277,7 +286,35 @@ impl OpenFiles {
     /// An extended attribute is being set or removed through this client.
     pub fn may_have_xattrs(&self, ino: Ino) {
         if let Some(inode) = self.inode(ino) {
-            inode.state().no_xattrs = false;
+            let mut state = inode.state();
+            state.no_xattrs = false;
+            state.no_capability = false;
+            state.xattr_changes += 1;
+        }
+    }
+
+    /// Whether the file is open here and known to have no `security.capability`.
+    pub fn has_no_capability(&self, ino: Ino) -> bool {
+        self.inode(ino).is_some_and(|inode| {
+            let state = inode.state();
+            state.no_xattrs || state.no_capability
+        })
+    }
+
+    /// How many extended-attribute changes this client made to the open file so far (None when
+    /// it is not open here).
+    pub fn xattr_changes(&self, ino: Ino) -> Option<u64> {
+        self.inode(ino).map(|inode| inode.state().xattr_changes)
+    }
+
+    /// The file had no `security.capability` when asked, after `changes` changes made here:
+    /// kept if no change was made here since.
+    pub fn no_capability_since(&self, ino: Ino, changes: u64) {
+        if let Some(inode) = self.inode(ino) {
+            let mut state = inode.state();
+            if state.xattr_changes == changes {
+                state.no_capability = true;
+            }
         }
     }
 

@@ -527,18 +527,31 @@ impl Client {
     }
 
     pub fn getxattr(&self, caller: &Caller, ino: Ino, name: &[u8]) -> FsResult<Vec<u8>> {
-        // A file this client created and still has open has none (the kernel asks for
-        // security.capability before every write): no request for that.
+        // A file this client created and still has open has none: no request for that.
         if self.inner.files.has_no_xattrs(ino) {
             return Err(FsStatus::NoData);
         }
-        match self.meta(MetaRequest::GetXattr {
-            caller: caller.clone(),
-            ino,
-            name: name.to_vec(),
-        })? {
-            MetaReply::Bytes(value) => Ok(value),
-            other => Err(unexpected(&other)),
+        // The kernel asks for security.capability before every write to a file (to drop file
+        // capabilities a write must not keep). An open file that had none when asked is taken
+        // to have none until this client changes its attributes or closes it: one request per
+        // open, not one per write.
+        let capability = name == CAPABILITY_XATTR;
+        if capability && self.inner.files.has_no_capability(ino) {
+            return Err(FsStatus::NoData);
+        }
+        let changes = self.inner.files.xattr_changes(ino);
+        let reply =
+            self.meta(MetaRequest::GetXattr { caller: caller.clone(), ino, name: name.to_vec() });
+        match reply {
+            Ok(MetaReply::Bytes(value)) => Ok(value),
+            Err(FsStatus::NoData) => {
+                if let (true, Some(changes)) = (capability, changes) {
+                    self.inner.files.no_capability_since(ino, changes);
+                }
+                Err(FsStatus::NoData)
+            }
+            Ok(other) => Err(unexpected(&other)),
+            Err(error) => Err(error),
         }
     }
 
@@ -551,13 +564,16 @@ impl Client {
         mode: XattrSetMode,
     ) -> FsResult<()> {
         self.inner.files.may_have_xattrs(ino);
-        self.meta(MetaRequest::SetXattr {
+        let set = self.meta(MetaRequest::SetXattr {
             caller: caller.clone(),
             ino,
             name: name.to_vec(),
             value: value.to_vec(),
             mode,
-        })?;
+        });
+        // Again once it is done: a getxattr sent meanwhile may have been answered before it.
+        self.inner.files.may_have_xattrs(ino);
+        set?;
         Ok(())
     }
 
@@ -689,6 +705,10 @@ impl Client {
 }
 
 /// Whether an open with access `mask` (access(2) bits: 4 read, 2 write) may write.
+/// The extended attribute holding a file's capabilities, which the kernel looks up before
+/// every write.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
 fn opens_for_writing(mask: u32) -> bool {
     const W_OK: u32 = 2;
     mask & W_OK != 0
