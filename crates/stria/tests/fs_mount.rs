@@ -304,6 +304,9 @@ fn without_fuse_rights_the_node_says_so_and_keeps_serving() {
         .arg(&dir)
         .args(["--drives", "3", "--raid", "5", "--drive-size", "64M"])
         .args(["--meta-listen", "127.0.0.1:0", "--storage-listen", "127.0.0.1:0"])
+        // Free ports for every listener: the defaults may belong to a node of the machine.
+        .args(["--mgmt-listen", "127.0.0.1:0", "--nbd-listen", "127.0.0.1:0"])
+        .args(["--api-listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
