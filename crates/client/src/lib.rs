@@ -704,11 +704,11 @@ impl Client {
     }
 }
 
-/// Whether an open with access `mask` (access(2) bits: 4 read, 2 write) may write.
 /// The extended attribute holding a file's capabilities, which the kernel looks up before
 /// every write.
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
+/// Whether an open with access `mask` (access(2) bits: 4 read, 2 write) may write.
 fn opens_for_writing(mask: u32) -> bool {
     const W_OK: u32 = 2;
     mask & W_OK != 0

@@ -387,25 +387,24 @@ impl Engine {
                 n += 1;
             }
             let at = out.len();
-            // The CRCs the array checked the blocks of the run against, where it read them.
-            let mut checked = Vec::new();
+            // The CRCs of the run's blocks, when they came from the array or the packer.
+            let mut read_crcs = None;
             if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out)) {
                 // Not all cached: the run comes from the packer's images or the array.
                 let mut run = vec![0u8; n * BLOCK];
-                checked = vec![None; n];
-                if !self.read_physical(start.physical, &mut run, &mut checked, memory_only)? {
+                let mut crcs = vec![0u32; n];
+                if !self.read_physical(start.physical, &mut run, &mut crcs, memory_only)? {
                     return Ok(false);
                 }
                 out.push(Bytes::from(run));
+                read_crcs = Some(crcs);
             }
             let blocks = out[at..].iter().flat_map(|part| part.chunks_exact(BLOCK));
             for (k, bytes) in blocks.enumerate() {
                 let logical = first + (i + k) as u32;
                 let b = block_at(i + k).expect("a run holds mapped blocks only");
-                // A block the array read was checked against its table, whose CRC is then the
-                // CRC of these bytes: comparing it with the chunk map's is checking the bytes.
-                let actual = match checked.get(k).copied().flatten() {
-                    Some(crc) => crc,
+                let actual = match &read_crcs {
+                    Some(crcs) => crcs[k],
                     None => stria_proto::crc32c(bytes),
                 };
                 if actual != b.crc {
@@ -429,13 +428,15 @@ impl Engine {
     /// Reads whole array blocks from `first` into `out`, past the read cache: blocks still
     /// held in the packer's images come from memory, the rest from the array (and may fill
     /// the cache). With `memory_only`, returns Ok(false) rather than read the array.
-    /// `checked` (one entry per block) gets the CRC32C the array checked each block it read
-    /// against; blocks from memory are left as they are.
+    /// `crcs` (one per block) gets the CRC32C of each block read. For blocks from the array
+    /// these are the CRCs the array checked them against, which are the CRCs of these very
+    /// bytes: the caller compares them with the chunk map's instead of checksumming the bytes
+    /// a second time.
     fn read_physical(
         &self,
         first: u64,
         out: &mut [u8],
-        checked: &mut [Option<u32>],
+        crcs: &mut [u32],
         memory_only: bool,
     ) -> Result<bool, EngineError> {
         let count = (out.len() / BLOCK) as u64;
@@ -450,18 +451,17 @@ impl Engine {
         for part in parts {
             let (at, len) = (part.at as usize * BLOCK, part.count as usize * BLOCK);
             let dest = &mut out[at..at + len];
+            let dest_crcs = &mut crcs[part.at as usize..][..part.count as usize];
             match part.image {
                 Some((image, from)) => {
                     let from = from as usize * BLOCK;
                     dest.copy_from_slice(&image[from..from + len]);
+                    for (crc, block) in dest_crcs.iter_mut().zip(dest.chunks_exact(BLOCK)) {
+                        *crc = stria_proto::crc32c(block);
+                    }
                 }
                 None => {
-                    let mut crcs = vec![0u32; part.count as usize];
-                    self.array.read_with_crcs((first + part.at) * BLOCK as u64, dest, &mut crcs)?;
-                    let from = part.at as usize;
-                    for (slot, crc) in checked[from..from + crcs.len()].iter_mut().zip(crcs) {
-                        *slot = Some(crc);
-                    }
+                    self.array.read_with_crcs((first + part.at) * BLOCK as u64, dest, dest_crcs)?;
                     if small {
                         self.cache.put(first + part.at, dest);
                     } else {
