@@ -8,6 +8,10 @@
 set -u
 S=${STRIA:-$(dirname "$0")/../target/release/stria}
 SIZE=${SIZE:-1g} RT=${RT:-10} READ_CACHE=${READ_CACHE:-2G}
+for tool in fio nbdkit; do
+  command -v $tool >/dev/null || { echo "bench-nbd: $tool is missing: apt-get install -y $tool" >&2; exit 1; }
+done
+fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*nbd' || { echo "bench-nbd: this fio has no nbd engine" >&2; exit 1; }
 rows() {  # rows LABEL URI
   local label=$1 uri=$2
   for spec in "seqwrite write 1m 8" "seqread read 1m 8" "randwrite randwrite 4k 32" "randread randread 4k 32"; do
@@ -43,6 +47,7 @@ nbdkit_rows() {  # nbdkit_rows LABEL [file plugin params]
   rm -f $f; truncate -s 2G $f
   nbdkit -f -p 10877 -i 127.0.0.1 file $f "$@" > /dev/null 2>&1 &
   local pid=$!; sleep 1
+  kill -0 $pid 2>/dev/null || { echo "bench-nbd: nbdkit did not start" >&2; exit 1; }
   rows $label "nbd://127.0.0.1:10877"
   kill $pid; wait $pid 2>/dev/null; rm -f $f
 }

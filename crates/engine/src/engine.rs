@@ -28,6 +28,9 @@ pub const MAP_FILE_NAME: &str = "chunkmap.redb";
 const CHUNK_LOCK_STRIPES: usize = 1024;
 /// Largest single array request the engine issues; larger runs are split.
 const ARRAY_IO_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest read [`Engine::read_if_in_memory`] answers (1 MiB): its cost is the CRC32C check of
+/// its blocks, tens of µs, less than the two thread switches of the blocking pool it saves.
+const MEMORY_READ_BLOCKS_MAX: u64 = 256;
 
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -526,8 +529,8 @@ impl Engine {
         memory_only: bool,
     ) -> Result<Option<Vec<Bytes>>, EngineError> {
         let span = |end: u64| end.div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
-        if memory_only && span(offset as u64 + len as u64) > SMALL_IO_BLOCKS {
-            // Large reads are not answered on the async worker (checking their CRCs takes
+        if memory_only && span(offset as u64 + len as u64) > MEMORY_READ_BLOCKS_MAX {
+            // Larger reads are not answered on the async worker (checking their CRCs takes
             // long), so not worth reading the map for here; the blocking path still finds them
             // cached.
             return Ok(None);

@@ -22,7 +22,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 use crate::backend::{Backend, BackendError, Extent};
 use crate::handshake::Negotiated;
 use crate::server::{ServerStats, Shared, bump};
-use crate::transport::Transport;
+use crate::transport::TransportWriter;
 use crate::wire::*;
 
 /// Read-ahead buffer of the request reader; big payloads bypass it.
@@ -211,6 +211,11 @@ const IO_SLICES_MAX: usize = 1024;
 /// for its buffered requests to run out.
 const REPLY_BATCH_BYTES: usize = 256 * 1024;
 
+/// Reads larger than this run as tasks of their own rather than in the reader's loop: served
+/// from memory they are still a CRC32C check of every block, and as tasks the runtime's other
+/// workers take them, so one connection's reads do not all wait on one core.
+const INLINE_READ_BYTES_MAX: u32 = 64 * 1024;
+
 /// One reply's bytes: its head (the header, or the whole reply) and the data that follows,
 /// in the backend's own buffers (see [`Backend::read_parts_async`]), sent without a copy.
 #[derive(Debug)]
@@ -343,7 +348,7 @@ pub(crate) async fn run(
         negotiated;
     let config = &shared.config;
     let limits = Limits { size, read_only: export.read_only, structured, block_status };
-    let (read_half, write_half) = tokio::io::split(transport);
+    let (read_half, write_half) = transport.split();
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let requests_max = config.in_flight_requests_per_connection_max;
     let (reply_tx, reply_rx) = mpsc::channel::<Reply>(requests_max);
@@ -477,6 +482,14 @@ pub(crate) async fn run(
         let task_ctx = ctx.clone();
         let mut work =
             Box::pin(async move { execute(&task_ctx, h.handle, command, payload).await });
+        if matches!(command, Command::Read { length, .. } if length > INLINE_READ_BYTES_MAX) {
+            let ctx = ctx.clone();
+            tasks.spawn(async move {
+                let message = work.await;
+                ctx.send(message, slot, budget_permit).await;
+            });
+            continue;
+        }
         // One poll here: a request served from memory completes in it and joins the batch. A
         // panic in the backend fails this request (EIO), not the connection.
         let polled = std::future::poll_fn(|cx| {
@@ -716,7 +729,7 @@ fn run_blocking(
 }
 
 async fn write_replies(
-    mut writer: WriteHalf<Transport>,
+    mut writer: TransportWriter,
     mut replies: mpsc::Receiver<Reply>,
     timeout: Duration,
     peer: SocketAddr,
@@ -766,7 +779,7 @@ async fn write_replies(
 /// transport without vectored writes gets them joined into one buffer). Each write must make
 /// progress within `timeout`, else `TimedOut`: a slow reader is served, one that stopped is not.
 async fn write_all_vectored(
-    writer: &mut WriteHalf<Transport>,
+    writer: &mut TransportWriter,
     slices: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {
@@ -778,7 +791,7 @@ async fn write_all_vectored(
 }
 
 async fn write_slices(
-    writer: &mut WriteHalf<Transport>,
+    writer: &mut TransportWriter,
     mut slices: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {

@@ -4,8 +4,9 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::server::TlsStream;
 
 pub(crate) enum Transport {
@@ -14,6 +15,94 @@ pub(crate) enum Transport {
     /// An in-memory pipe ([`crate::Server::serve_in_memory`]): tests and fuzzing drive the
     /// real protocol code without sockets. `NBD_OPT_STARTTLS` is refused on it.
     Memory(tokio::io::DuplexStream),
+}
+
+impl Transport {
+    /// The receiving and the sending side, to be driven by two tasks at once. Plain TCP splits
+    /// into halves that share nothing; a TLS session (one state for both directions) and the
+    /// in-memory pipe split around a lock, which a read waits on while a write is under way.
+    pub(crate) fn split(self) -> (TransportReader, TransportWriter) {
+        match self {
+            Transport::Plain(s) => {
+                let (r, w) = s.into_split();
+                (TransportReader::Plain(r), TransportWriter::Plain(w))
+            }
+            shared => {
+                let (r, w) = tokio::io::split(shared);
+                (TransportReader::Shared(r), TransportWriter::Shared(w))
+            }
+        }
+    }
+}
+
+/// The receiving side of a [`Transport`].
+pub(crate) enum TransportReader {
+    Plain(OwnedReadHalf),
+    Shared(ReadHalf<Transport>),
+}
+
+/// The sending side of a [`Transport`].
+pub(crate) enum TransportWriter {
+    Plain(OwnedWriteHalf),
+    Shared(WriteHalf<Transport>),
+}
+
+impl AsyncRead for TransportReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            TransportReader::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            TransportReader::Shared(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for TransportWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            TransportWriter::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            TransportWriter::Shared(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            TransportWriter::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            TransportWriter::Shared(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            TransportWriter::Plain(s) => s.is_write_vectored(),
+            TransportWriter::Shared(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            TransportWriter::Plain(s) => Pin::new(s).poll_flush(cx),
+            TransportWriter::Shared(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            TransportWriter::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            TransportWriter::Shared(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 impl std::fmt::Debug for Transport {
