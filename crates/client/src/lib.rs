@@ -30,8 +30,9 @@ use std::time::Duration;
 
 use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, TargetId};
 use stria_proto::wire::{
-    Attr, Caller, DirEntry, DriveField, FileKind, MetaReply, MetaRequest, Released, RenameFlags,
-    SetAttr, StatFs, TargetAddSpare, TargetInfo, TargetReplaceDrive, XattrSetMode, storage_method,
+    Attr, Caller, Change, ChangeBatch, ChangeCursor, DirEntry, DriveField, FileKind, MetaReply,
+    MetaRequest, Released, RenameFlags, SetAttr, StatFs, TargetAddSpare, TargetInfo,
+    TargetReplaceDrive, XattrSetMode, storage_method,
 };
 use tokio::runtime::Handle;
 
@@ -204,6 +205,28 @@ impl Client {
         match self.inner.meta.dirs.get(ino, max_age) {
             Some(attr) => Ok(attr),
             None => self.getattr(ino),
+        }
+    }
+
+    /// The namespace changes other clients made after `after` (None: from now on), waiting up
+    /// to `wait` for one (see `MetaRequest::WatchChanges`). Directory attributes this client
+    /// holds from its own changes (`getattr_within`) are dropped for every directory named.
+    pub async fn watch_changes(
+        &self,
+        after: Option<ChangeCursor>,
+        wait: std::time::Duration,
+    ) -> FsResult<ChangeBatch> {
+        let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        match self.inner.meta.call(MetaRequest::WatchChanges { after, wait_ms }).await? {
+            MetaReply::Changes(batch) => {
+                for change in &batch.changes {
+                    if let Change::Attr { ino } = change {
+                        self.inner.meta.dirs.forget(*ino);
+                    }
+                }
+                Ok(batch)
+            }
+            other => Err(unexpected(&other)),
         }
     }
 

@@ -4,14 +4,17 @@
 //! mode bits with the caller's full group list before it asks us), and the metadata service
 //! checks again with the same identity, so the native API and the mount agree.
 //!
-//! Caching: attributes and entries are cached by the kernel for [`MountOptions::attr_ttl`];
-//! the page cache is kept across opens of a file no other client changed meanwhile
+//! Caching: attributes and entries are cached by the kernel for
+//! [`MountOptions::watched_attr_ttl`] while the mount hears every change other clients make
+//! (the `watch` module drops what they changed from the kernel's caches), for
+//! [`MountOptions::attr_ttl`] otherwise; the page cache is kept across opens of a file no other client changed meanwhile
 //! (close-to-open: an open that finds the file changed drops the kernel's pages and cached
 //! attributes), and the kernel's writeback cache gathers small writes into large ones.
 
 mod caller;
 mod convert;
 mod locks;
+mod watch;
 
 use std::ffi::OsStr;
 use std::io;
@@ -40,8 +43,17 @@ use convert::{errno, file_attr, file_type, timestamp};
 pub struct MountOptions {
     /// Threads reading the kernel's requests from `/dev/fuse` (see [`default_threads`]).
     pub threads: usize,
-    /// How long the kernel may trust attributes and names without asking.
+    /// How long the kernel may trust attributes and names without asking, while changes of
+    /// other clients are not heard of (`watch_changes` off, or the metadata service away).
     pub attr_ttl: Duration,
+    /// Hear of other clients' changes (the metadata service's change log) and drop them from
+    /// the kernel's caches, within milliseconds.
+    pub watch_changes: bool,
+    /// How long the kernel may trust attributes and names while the mount hears every change
+    /// of other clients: a bound on staleness should a change not be heard of (the metadata
+    /// service restarted, say), as NFS's attribute cache timeouts (up to 60 s) are without
+    /// any notice.
+    pub watched_attr_ttl: Duration,
     /// Let users other than the mounting one use the mount (needs root or `user_allow_other`).
     pub allow_other: bool,
     /// Largest read and write request, at most 1 MiB on Linux.
@@ -64,6 +76,8 @@ impl Default for MountOptions {
         MountOptions {
             threads: default_threads(),
             attr_ttl: Duration::from_secs(1),
+            watch_changes: true,
+            watched_attr_ttl: Duration::from_secs(30),
             allow_other: true,
             max_io_bytes: 1 << 20,
             writeback_cache: false,
@@ -93,6 +107,8 @@ pub struct Mount {
     requests: Arc<RequestCounts>,
     offloaded: Arc<Offloaded>,
     lock_waiters: Arc<locks::LockWaiters>,
+    /// Hears of other clients' changes (when `MountOptions::watch_changes`).
+    watcher: Option<watch::Watcher>,
 }
 
 /// Most calls answered from blocking threads at once ([`StriaFs::reply_empty_after`]); past
@@ -242,6 +258,9 @@ impl Mount {
     /// left running on blocking threads (at most a minute).
     pub fn unmount(mut self) -> io::Result<()> {
         self.lock_waiters.stop();
+        if let Some(watcher) = self.watcher.take() {
+            watcher.stop();
+        }
         if let Some(session) = self.session.take() {
             if session.guard.is_finished() {
                 // Unmounted from outside (umount): nothing left to unmount.
@@ -276,12 +295,16 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     let requests = Arc::new(RequestCounts::default());
     let offloaded = Arc::new(Offloaded::default());
     let notifier = Arc::new(std::sync::OnceLock::new());
+    let ttl = Arc::new(watch::CacheTtl::new(options.attr_ttl, options.watched_attr_ttl));
+    let watched = options.watch_changes.then(|| client.clone());
+    let known = Arc::new(watch::KnownInodes::default());
     let lock_waiters = Arc::new(locks::LockWaiters::default());
     let fs = StriaFs {
         requests: requests.clone(),
         offloaded: offloaded.clone(),
         client,
-        ttl: options.attr_ttl,
+        ttl: ttl.clone(),
+        known: known.clone(),
         max_io_bytes: options.max_io_bytes,
         writeback_cache: options.writeback_cache,
         callers: Callers::new(options.root_squash),
@@ -291,14 +314,21 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     };
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
-    Ok(Mount { session: Some(session), requests, offloaded, lock_waiters })
+    let watcher = match watched {
+        Some(client) => Some(watch::Watcher::start(client, session.notifier(), ttl, known)?),
+        None => None,
+    };
+    Ok(Mount { session: Some(session), requests, offloaded, lock_waiters, watcher })
 }
 
 struct StriaFs {
     requests: Arc<RequestCounts>,
     offloaded: Arc<Offloaded>,
     client: Client,
-    ttl: Duration,
+    /// How long the kernel may keep what it is handed (see `watch::CacheTtl`).
+    ttl: Arc<watch::CacheTtl>,
+    /// The inodes the kernel holds (see `watch::KnownInodes`).
+    known: Arc<watch::KnownInodes>,
     max_io_bytes: u32,
     writeback_cache: bool,
     callers: Callers,
@@ -386,14 +416,17 @@ impl StriaFs {
 
     fn reply_entry(&self, reply: ReplyEntry, result: Result<stria_proto::wire::Attr, FsStatus>) {
         match result {
-            Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr), GENERATION),
+            Ok(attr) => {
+                self.known.looked_up(attr.ino);
+                reply.entry(&self.ttl.get(), &file_attr(&attr), GENERATION)
+            }
             Err(error) => reply.error(errno(error)),
         }
     }
 
     fn reply_attr(&self, reply: ReplyAttr, result: Result<stria_proto::wire::Attr, FsStatus>) {
         match result {
-            Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr)),
+            Ok(attr) => reply.attr(&self.ttl.get(), &file_attr(&attr)),
             Err(error) => reply.error(errno(error)),
         }
     }
@@ -493,7 +526,8 @@ impl Filesystem for StriaFs {
     }
 
     /// The kernel evicted the inode, and its pages with it.
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.known.forgotten(ino.0, nlookup);
         self.client.forget_cached(ino.0);
     }
 
@@ -502,7 +536,7 @@ impl Filesystem for StriaFs {
         // The kernel asks for a directory's attributes after each change in it; a change of
         // this mount's within the attribute timeout brought them (as fresh as the kernel's
         // own cache would keep them).
-        let attr = self.client.getattr_within(ino.0, self.ttl);
+        let attr = self.client.getattr_within(ino.0, self.ttl.short());
         self.reply_attr(reply, stale_if_gone(attr));
     }
 
@@ -1057,13 +1091,16 @@ impl Filesystem for StriaFs {
         });
         match created {
             // A file another client made first may have pages cached here (`revalidate`).
-            Ok((fh, attr)) => reply.created(
-                &self.ttl,
-                &file_attr(&attr),
-                GENERATION,
-                FileHandle(fh),
-                Self::open_flags(flags, self.revalidate(&attr)),
-            ),
+            Ok((fh, attr)) => {
+                self.known.looked_up(attr.ino);
+                reply.created(
+                    &self.ttl.get(),
+                    &file_attr(&attr),
+                    GENERATION,
+                    FileHandle(fh),
+                    Self::open_flags(flags, self.revalidate(&attr)),
+                )
+            }
             Err(error) => reply.error(errno(error)),
         }
     }

@@ -6,6 +6,7 @@
 //! data (unlink, truncate, purge) it returns what the caller must remove from storage. The
 //! record formats and transaction rules are in `docs/internals/meta.md`.
 
+pub mod changes;
 mod data;
 mod error;
 pub mod locks;

@@ -2,12 +2,14 @@
 //! and encodes [`MetaReply`]s; errors travel as `FsStatus` RPC codes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use stria_proto::fs::{FsStatus, Ino};
 use stria_proto::wire::{self, MetaReply, MetaRequest, meta_method};
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
+use crate::changes::ChangeLog;
 use crate::{Attr, InlineWrite, Meta, MetaError, NodeKind, Purge, RenameFlags, XattrFlags};
 
 /// Where the byte capacity `statfs` reports comes from (the storage targets).
@@ -71,6 +73,8 @@ pub struct MetaService {
     epoch: wire::Epoch,
     /// This run of the service (see [`wire::Instance`]).
     instance: wire::Instance,
+    /// What the namespace's recent changes were, for mounts to drop what they cached.
+    changes: Arc<ChangeLog>,
 }
 
 impl std::fmt::Debug for MetaService {
@@ -87,7 +91,14 @@ impl MetaService {
 
     pub fn new(meta: Arc<Meta>, capacity: CapacitySource) -> MetaService {
         let (epoch, instance) = (wire::new_epoch(), wire::new_epoch());
-        MetaService { meta, capacity, ops: Arc::default(), epoch, instance }
+        MetaService {
+            meta,
+            capacity,
+            ops: Arc::default(),
+            epoch,
+            instance,
+            changes: Arc::default(),
+        }
     }
 
     /// Serves under `epoch` instead of a fresh one: the one a clean stop handed over.
@@ -198,6 +209,11 @@ impl MetaService {
                 MetaReply::Released(replaced.and_then(|u| u.purge).map(released))
             }
             MetaRequest::Readlink { ino } => MetaReply::Bytes(meta.readlink(ino)?),
+            // Run in process (no connection to leave out, no waiting): every change so far.
+            MetaRequest::WatchChanges { after, .. } => {
+                let nobody = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+                MetaReply::Changes(self.changes.since(after, nobody))
+            }
             MetaRequest::Readdir { caller, ino, cookie, max_entries } => {
                 let entries = meta.readdir(ino, cookie, max_entries as usize, &caller)?;
                 MetaReply::Entries(entries)
@@ -425,6 +441,21 @@ impl Service for MetaService {
                 Ok(decoded) => decoded,
                 Err(response) => return response,
             };
+            let (epoch, instance) = (service.epoch, service.instance);
+            if let MetaRequest::WatchChanges { after, wait_ms } = decoded {
+                service.ops.count(decoded.op_name());
+                // Answered a little before the caller's deadline, so an idle wait ends with
+                // an empty batch rather than a timeout.
+                let until_deadline =
+                    request.deadline.saturating_duration_since(tokio::time::Instant::now());
+                let wait = Duration::from_millis(wait_ms.min(wire::CHANGES_WAIT_MAX_MS).into())
+                    .min(until_deadline.mul_f64(0.8));
+                let batch = service.changes.wait(after, request.peer, wait).await;
+                let reply = MetaReply::Changes(batch);
+                return Response::encode(&(epoch, reply, instance), Bytes::new());
+            }
+            let changes = decoded.namespace_changes();
+            let origin = request.peer;
             // Reads are short snapshot lookups, and with lazy commits a mutation is a short
             // transaction that rarely touches the disk (one commit in LAZY_COMMITS_PER_SYNC is
             // durable): run them here rather than pay two thread hand-offs to the blocking
@@ -433,15 +464,21 @@ impl Service for MetaService {
             let inline = decoded.is_read_only()
                 || (service.meta.commit_mode() == crate::Commit::Lazy
                     && !matches!(decoded, MetaRequest::Sync));
-            let (epoch, instance) = (service.epoch, service.instance);
             if inline {
                 return match service.handle(decoded) {
-                    Ok(reply) => Response::encode(&(epoch, reply, instance), Bytes::new()),
+                    Ok(reply) => {
+                        service.changes.record(origin, changes);
+                        Response::encode(&(epoch, reply, instance), Bytes::new())
+                    }
                     Err(status) => Response::fs_error(status),
                 };
             }
+            let log = service.changes.clone();
             match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
-                Ok(Ok(reply)) => Response::encode(&(epoch, reply, instance), Bytes::new()),
+                Ok(Ok(reply)) => {
+                    log.record(origin, changes);
+                    Response::encode(&(epoch, reply, instance), Bytes::new())
+                }
                 Ok(Err(status)) => Response::fs_error(status),
                 Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
             }

@@ -481,6 +481,48 @@ pub enum MetaRequest {
         opens: Vec<(Ino, u32)>,
         locks: Vec<ReclaimedLock>,
     },
+    /// The namespace changes made through other connections since `after` (None: from now
+    /// on), waiting up to `wait_ms` (at most [`CHANGES_WAIT_MAX_MS`]) for one: `Changes`. A
+    /// mount uses them to drop what its kernel cached of names and attributes another client
+    /// changed, so it can cache them for longer than it could otherwise.
+    WatchChanges {
+        after: Option<ChangeCursor>,
+        wait_ms: u32,
+    },
+}
+
+/// Longest a [`MetaRequest::WatchChanges`] waits for a change.
+pub const CHANGES_WAIT_MAX_MS: u32 = 10_000;
+/// Most changes one [`ChangeBatch`] carries; the rest come with the next call.
+pub const CHANGES_PER_BATCH_MAX: usize = 4096;
+
+/// Where a client is in the metadata service's log of changes: the log (one per run of the
+/// service) and the sequence number of the next change to read.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChangeCursor {
+    pub log: u64,
+    pub next: u64,
+}
+
+/// One namespace change, as a client's caches see it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Change {
+    /// The name `name` in `parent` now names something else, or nothing.
+    Entry { parent: Ino, name: Vec<u8> },
+    /// The attributes of `ino` (a directory's for a change of its entries) changed.
+    Attr { ino: Ino },
+}
+
+/// The reply to [`MetaRequest::WatchChanges`].
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ChangeBatch {
+    /// Changes made through other connections, oldest first.
+    pub changes: Vec<Change>,
+    /// Where the next call starts.
+    pub cursor: ChangeCursor,
+    /// False when changes after the caller's cursor are no longer known (the log moved past
+    /// them, or the service restarted): anything cached may be stale.
+    pub complete: bool,
 }
 
 /// Most opens, and most locks, in one [`MetaRequest::Reclaim`] (more is `Invalid`).
@@ -614,7 +656,8 @@ impl MetaRequest {
             | MetaRequest::Goodbye { .. }
             | MetaRequest::ListClients
             | MetaRequest::ExpireClients
-            | MetaRequest::Reclaim { .. } => Vec::new(),
+            | MetaRequest::Reclaim { .. }
+            | MetaRequest::WatchChanges { .. } => Vec::new(),
         }
     }
 
@@ -630,6 +673,25 @@ impl MetaRequest {
             MetaRequest::Link { new_parent, .. } => Some(*new_parent),
             _ => None,
         }
+    }
+
+    /// What a successful run of the request changes as other clients' caches see it: the
+    /// names it removes or rebinds, and the attributes of [`MetaRequest::changed_inodes`]. A
+    /// name it adds needs no entry of its own (no client caches a name as absent); its
+    /// directory's attributes change.
+    pub fn namespace_changes(&self) -> Vec<Change> {
+        let mut changes = match self {
+            MetaRequest::Unlink { parent, name, .. } | MetaRequest::Rmdir { parent, name, .. } => {
+                vec![Change::Entry { parent: *parent, name: name.clone() }]
+            }
+            MetaRequest::Rename { parent, name, new_parent, new_name, .. } => vec![
+                Change::Entry { parent: *parent, name: name.clone() },
+                Change::Entry { parent: *new_parent, name: new_name.clone() },
+            ],
+            _ => Vec::new(),
+        };
+        changes.extend(self.changed_inodes().into_iter().map(|ino| Change::Attr { ino }));
+        changes
     }
 
     /// Whether running the request twice leaves the same state and answer as running it once,
@@ -675,6 +737,7 @@ impl MetaRequest {
                 | MetaRequest::StatFs
                 | MetaRequest::GetLayoutPolicy { .. }
                 | MetaRequest::Analytics { .. }
+                | MetaRequest::WatchChanges { .. }
         )
     }
 
@@ -720,6 +783,7 @@ impl MetaRequest {
             MetaRequest::ListClients => "list_clients",
             MetaRequest::ExpireClients => "expire_clients",
             MetaRequest::Reclaim { .. } => "reclaim",
+            MetaRequest::WatchChanges { .. } => "watch_changes",
         }
     }
 }
@@ -773,6 +837,7 @@ pub enum MetaReply {
         reply: Box<MetaReply>,
         parent: Attr,
     },
+    Changes(ChangeBatch),
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

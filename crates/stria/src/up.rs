@@ -136,6 +136,19 @@ pub struct MountFlags {
     /// anyone else, and what it creates belongs to nobody.
     #[arg(long)]
     pub root_squash: bool,
+    /// Seconds the kernel may keep names and attributes while the mount hears every change
+    /// other clients make (it drops what they change within milliseconds): a bound on how
+    /// stale they get should a change go unheard (a metadata service restart, say).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_ttl)]
+    pub attr_ttl_watched: f64,
+    /// Seconds the kernel may keep names and attributes while changes of other clients are
+    /// not heard of (with --no-watch, or while the metadata service is away).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_ttl)]
+    pub attr_ttl: f64,
+    /// Do not listen for other clients' changes: names and attributes are then kept for
+    /// --attr-ttl only, and what other clients change shows once that runs out.
+    #[arg(long)]
+    pub no_watch: bool,
 }
 
 impl MountFlags {
@@ -144,8 +157,19 @@ impl MountFlags {
             writeback_cache: self.writeback_cache,
             root_squash: self.root_squash,
             threads: self.fuse_threads.map_or_else(stria_fuse::default_threads, usize::from),
+            attr_ttl: Duration::from_secs_f64(self.attr_ttl),
+            watched_attr_ttl: Duration::from_secs_f64(self.attr_ttl_watched),
+            watch_changes: !self.no_watch,
             ..Default::default()
         }
+    }
+}
+
+/// A cache timeout in seconds: 0 (no caching) to a day.
+fn parse_ttl(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (0.0..=86_400.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("`{text}` is not a number of seconds from 0 to 86400")),
     }
 }
 

@@ -46,7 +46,9 @@ const WORK_DIR: &str = "chaos";
 const DRIVE_SIZE: &str = "256M";
 /// How long the workload may take to notice the node is gone.
 const WORKER_EXIT_LIMIT: Duration = Duration::from_secs(60);
-/// A little more than how long the mount lets the kernel cache entries and attributes.
+/// A little more than the mount's short attribute timeout (1 s), and than its watcher's pause
+/// before it asks the restarted metadata service again and, told it missed changes, drops
+/// every attribute the kernel cached.
 const ATTR_TTL: Duration = Duration::from_millis(1200);
 /// Most bytes one write or overwrite adds.
 const WRITE_BYTES_MAX: u64 = 2 << 20;

@@ -269,12 +269,18 @@ pub struct SecondMount {
 
 impl SecondMount {
     pub fn start(node: &Node, path: &Path) -> SecondMount {
+        SecondMount::start_with(node, path, &[])
+    }
+
+    /// [`SecondMount::start`] with more arguments for `stria mount`.
+    pub fn start_with(node: &Node, path: &Path, extra: &[&str]) -> SecondMount {
         let log = path.with_extension("log");
         let child = Command::new(STRIA)
             .arg("mount")
             .arg(path)
             .arg("--data")
             .arg(&node.data)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
