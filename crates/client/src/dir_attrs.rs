@@ -77,11 +77,14 @@ impl DirAttrs {
         (at.elapsed() <= max_age).then(|| attr.clone())
     }
 
-    /// Drops what is kept of `ino` (fresher attributes came).
+    /// Drops what is kept of `ino` (fresher attributes came, or another client changed it),
+    /// and what a change of this client now in flight would bring: its answer may have been
+    /// read before the fresher state.
     pub fn forget(&self, ino: Ino) {
         let mut dirs = self.lock();
         if let Some(dir) = dirs.get_mut(&ino) {
             dir.attr = None;
+            dir.sent += 1;
             if dir.in_flight == 0 {
                 dirs.remove(&ino);
             }

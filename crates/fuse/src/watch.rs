@@ -15,10 +15,10 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
 use stria_client::Client;
@@ -29,26 +29,53 @@ use crate::drop_cached_attrs;
 
 /// How long one watch request waits for a change before it asks again.
 const WATCH_WAIT: Duration = Duration::from_secs(5);
-/// Pause after a failed watch request (the metadata service is away).
+/// Pause after a failed watch request (the metadata service is away), doubled after each
+/// further failure up to [`RETRY_PAUSE_MAX`] (a service too old to know the request answers
+/// every one with an error).
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(60);
+/// The root directory's inode (FUSE_ROOT_ID): the kernel holds it without a lookup.
+const ROOT_INO: u64 = 1;
 
 /// How long the kernel may keep the names and attributes the mount hands it.
 #[derive(Debug)]
 pub(crate) struct CacheTtl {
     short: Duration,
     long: Duration,
-    /// The watcher is hearing every change of other clients.
-    hearing: AtomicBool,
+    base: Instant,
+    /// From when (nanoseconds after `base`) the long timeout holds; `u64::MAX`: not now.
+    long_from: AtomicU64,
 }
 
 impl CacheTtl {
     pub(crate) fn new(short: Duration, long: Duration) -> CacheTtl {
-        CacheTtl { short, long: long.max(short), hearing: AtomicBool::new(false) }
+        CacheTtl {
+            short,
+            long: long.max(short),
+            base: Instant::now(),
+            long_from: AtomicU64::new(u64::MAX),
+        }
     }
 
     /// The timeout of an entry or attributes handed to the kernel now.
     pub(crate) fn get(&self) -> Duration {
-        if self.hearing.load(Ordering::Relaxed) { self.long } else { self.short }
+        let now = self.base.elapsed().as_nanos() as u64;
+        if now >= self.long_from.load(Ordering::Relaxed) { self.long } else { self.short }
+    }
+
+    /// The watcher is current from now on. An answer the metadata service read before the
+    /// watcher's cursor may still be on its way: the long timeout starts once one short
+    /// timeout has passed, so such an answer goes out with the short one.
+    fn hearing(&self) {
+        if self.long_from.load(Ordering::Relaxed) == u64::MAX {
+            let from = (self.base.elapsed() + self.short).as_nanos() as u64;
+            self.long_from.store(from, Ordering::Relaxed);
+        }
+    }
+
+    /// The watcher is not current (its request failed, or it missed changes).
+    fn deaf(&self) {
+        self.long_from.store(u64::MAX, Ordering::Relaxed);
     }
 
     /// The timeout that holds whether or not the watcher hears changes.
@@ -96,10 +123,12 @@ impl KnownInodes {
         }
     }
 
+    /// Every inode the kernel may hold: the counted ones and the root (never looked up).
     fn all(&self) -> Vec<u64> {
-        let mut all = Vec::new();
+        let mut all = vec![ROOT_INO];
         for shard in &self.shards {
-            all.extend(shard.lock().unwrap_or_else(|e| e.into_inner()).keys());
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(shard.keys().filter(|&&ino| ino != ROOT_INO));
         }
         all
     }
@@ -145,6 +174,7 @@ fn run(
     let runtime = client.runtime().clone();
     runtime.block_on(async {
         let mut cursor = None;
+        let mut pause = RETRY_PAUSE;
         loop {
             let batch = tokio::select! {
                 _ = stopped.wait_for(|stop| *stop) => break,
@@ -152,7 +182,9 @@ fn run(
             };
             match batch {
                 Ok(batch) => {
+                    pause = RETRY_PAUSE;
                     if !batch.complete && cursor.is_some() {
+                        ttl.deaf();
                         // Whatever was missed, every inode's attributes are asked for again:
                         // a name whose inode is gone then fails with ESTALE, and the kernel
                         // looks it up afresh. A name rebound to another live inode stays
@@ -171,15 +203,16 @@ fn run(
                         apply(notifier, change);
                     }
                     cursor = Some(batch.cursor);
-                    ttl.hearing.store(true, Ordering::Relaxed);
+                    ttl.hearing();
                 }
                 Err(error) => {
-                    ttl.hearing.store(false, Ordering::Relaxed);
+                    ttl.deaf();
                     tracing::debug!(%error, "watching for changes of other clients");
                     tokio::select! {
                         _ = stopped.wait_for(|stop| *stop) => break,
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                        _ = tokio::time::sleep(pause) => {}
                     }
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
             }
         }
@@ -218,18 +251,23 @@ mod tests {
         known.forgotten(99, 1);
         let mut all = known.all();
         all.sort_unstable();
-        assert_eq!(all, vec![1, 2], "inode 2 still has one lookup");
+        assert_eq!(all, vec![1, 2], "the root, and inode 2 with one lookup left");
         known.forgotten(2, 1);
-        assert_eq!(known.all(), vec![1]);
+        known.forgotten(1, 1);
+        assert_eq!(known.all(), vec![ROOT_INO], "the root is always there");
     }
 
     #[test]
     fn the_long_timeout_holds_only_while_hearing() {
-        let ttl = CacheTtl::new(Duration::from_secs(1), Duration::from_secs(30));
-        assert_eq!(ttl.get(), Duration::from_secs(1));
-        ttl.hearing.store(true, Ordering::Relaxed);
+        let ttl = CacheTtl::new(Duration::from_millis(50), Duration::from_secs(30));
+        assert_eq!(ttl.get(), Duration::from_millis(50));
+        ttl.hearing();
+        assert_eq!(ttl.get(), Duration::from_millis(50), "not before one short timeout passed");
+        std::thread::sleep(Duration::from_millis(60));
         assert_eq!(ttl.get(), Duration::from_secs(30));
-        assert_eq!(ttl.short(), Duration::from_secs(1));
+        ttl.deaf();
+        assert_eq!(ttl.get(), Duration::from_millis(50));
+        assert_eq!(ttl.short(), Duration::from_millis(50));
         // A long timeout shorter than the short one is raised to it.
         assert_eq!(
             CacheTtl::new(Duration::from_secs(5), Duration::ZERO).long,

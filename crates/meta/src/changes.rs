@@ -41,6 +41,8 @@ struct Inner {
     /// Readers waiting for a change, by connection: only a change of another connection
     /// wakes one, so a busy client's own changes cost its watcher nothing.
     waiters: Vec<(SocketAddr, Arc<Notify>)>,
+    /// The service is stopping: nobody waits any more.
+    closed: bool,
 }
 
 impl Inner {
@@ -77,6 +79,16 @@ impl ChangeLog {
             if *reader != origin {
                 woken.notify_one();
             }
+        }
+    }
+
+    /// Ends every wait, now and from now on: a stopping service answers its watchers rather
+    /// than keep its stop waiting for their requests.
+    pub fn close(&self) {
+        let mut inner = self.lock();
+        inner.closed = true;
+        for (_, woken) in &inner.waiters {
+            woken.notify_one();
         }
     }
 
@@ -128,16 +140,17 @@ impl ChangeLog {
         let batch = {
             let mut inner = self.lock();
             let batch = self.since_in(&inner, after, reader);
-            if after.is_none() || !batch.changes.is_empty() || !batch.complete {
+            if after.is_none() || !batch.changes.is_empty() || !batch.complete || inner.closed {
                 return batch;
             }
             // Registered under the lock that `record` takes: no change is missed between.
             inner.waiters.push((reader, woken.clone()));
             batch
         };
+        // Unregistered however the wait ends, also when the caller drops it.
+        let _registered = Registered { log: self, woken: &woken };
         let heard = tokio::time::timeout_at(give_up, woken.notified()).await.is_ok();
-        self.lock().waiters.retain(|(_, w)| !Arc::ptr_eq(w, &woken));
-        if heard {
+        if heard && !self.lock().closed {
             let left = give_up.saturating_duration_since(tokio::time::Instant::now());
             tokio::time::sleep(GATHER.min(left)).await;
         }
@@ -146,6 +159,18 @@ impl ChangeLog {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A waiter's place in [`Inner::waiters`], given up on drop.
+struct Registered<'a> {
+    log: &'a ChangeLog,
+    woken: &'a Arc<Notify>,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.log.lock().waiters.retain(|(_, w)| !Arc::ptr_eq(w, self.woken));
     }
 }
 
@@ -211,5 +236,33 @@ mod tests {
         changes.await.expect("the writer task ran");
         let idle = log.wait(Some(batch.cursor), addr(1), Duration::from_millis(30)).await;
         assert!(idle.changes.is_empty() && idle.complete && idle.cursor == batch.cursor);
+        assert!(log.lock().waiters.is_empty(), "ended waits leave no waiter behind");
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_wait_and_dropped_waits_leave_nothing() {
+        let log = Arc::new(ChangeLog::default());
+        let start = log.since(None, addr(1)).cursor;
+        // A wait its caller gave up on.
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(20),
+            log.wait(Some(start), addr(1), Duration::from_secs(30)),
+        )
+        .await;
+        assert!(dropped.is_err());
+        assert!(log.lock().waiters.is_empty(), "a dropped wait left its waiter");
+        let waiting = log.clone();
+        let wait = tokio::spawn(async move {
+            waiting.wait(Some(start), addr(1), Duration::from_secs(60)).await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let closed_at = tokio::time::Instant::now();
+        log.close();
+        let batch = wait.await.expect("the wait ran");
+        assert!(batch.changes.is_empty() && batch.complete);
+        assert!(closed_at.elapsed() < Duration::from_secs(30), "the wait outlived the close");
+        // And a wait that starts after the close does not wait.
+        let after = log.wait(Some(start), addr(1), Duration::from_secs(60)).await;
+        assert!(after.changes.is_empty());
     }
 }

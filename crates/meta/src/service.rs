@@ -107,6 +107,11 @@ impl MetaService {
         self
     }
 
+    /// The log of changes mounts watch; closing it ends their waiting requests (a stop).
+    pub fn change_log(&self) -> Arc<ChangeLog> {
+        self.changes.clone()
+    }
+
     /// The epoch every reply carries.
     pub fn epoch(&self) -> wire::Epoch {
         self.epoch
@@ -114,11 +119,21 @@ impl MetaService {
 
     /// Runs one request to completion (synchronously).
     pub fn handle(&self, request: MetaRequest) -> Result<MetaReply, FsStatus> {
+        self.handle_noting(request, &mut Vec::new())
+    }
+
+    /// [`MetaService::handle`], adding to `changes` what the request changed beyond what it
+    /// names (the inode an unlink or a replacing rename took a link from).
+    fn handle_noting(
+        &self,
+        request: MetaRequest,
+        changes: &mut Vec<wire::Change>,
+    ) -> Result<MetaReply, FsStatus> {
         let op = request.op_name();
         tracing::trace!(op, "metadata request");
         self.ops.count(op);
         let parent = request.parent_changed();
-        let reply = self.dispatch(request).map(|reply| self.with_parent(reply, parent));
+        let reply = self.dispatch(request, changes).map(|reply| self.with_parent(reply, parent));
         reply.map_err(|error| {
             let status = error.status();
             if status == FsStatus::Io {
@@ -128,7 +143,11 @@ impl MetaService {
         })
     }
 
-    fn dispatch(&self, request: MetaRequest) -> Result<MetaReply, MetaError> {
+    fn dispatch(
+        &self,
+        request: MetaRequest,
+        changes: &mut Vec<wire::Change>,
+    ) -> Result<MetaReply, MetaError> {
         let meta = &self.meta;
         Ok(match request {
             MetaRequest::Lookup { caller, parent, name } => {
@@ -197,6 +216,7 @@ impl MetaService {
             }
             MetaRequest::Unlink { caller, parent, name } => {
                 let unlinked = meta.unlink(parent, &name, &caller)?;
+                changes.push(wire::Change::Attr { ino: unlinked.ino });
                 MetaReply::Released(unlinked.purge.map(released))
             }
             MetaRequest::Rmdir { caller, parent, name } => {
@@ -206,6 +226,9 @@ impl MetaService {
             MetaRequest::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let flags = RenameFlags { noreplace: flags.no_replace, exchange: flags.exchange };
                 let replaced = meta.rename(parent, &name, new_parent, &new_name, flags, &caller)?;
+                if let Some(replaced) = &replaced {
+                    changes.push(wire::Change::Attr { ino: replaced.ino });
+                }
                 MetaReply::Released(replaced.and_then(|u| u.purge).map(released))
             }
             MetaRequest::Readlink { ino } => MetaReply::Bytes(meta.readlink(ino)?),
@@ -454,7 +477,7 @@ impl Service for MetaService {
                 let reply = MetaReply::Changes(batch);
                 return Response::encode(&(epoch, reply, instance), Bytes::new());
             }
-            let changes = decoded.namespace_changes();
+            let mut changes = decoded.namespace_changes();
             let origin = request.peer;
             // Reads are short snapshot lookups, and with lazy commits a mutation is a short
             // transaction that rarely touches the disk (one commit in LAZY_COMMITS_PER_SYNC is
@@ -465,7 +488,7 @@ impl Service for MetaService {
                 || (service.meta.commit_mode() == crate::Commit::Lazy
                     && !matches!(decoded, MetaRequest::Sync));
             if inline {
-                return match service.handle(decoded) {
+                return match service.handle_noting(decoded, &mut changes) {
                     Ok(reply) => {
                         service.changes.record(origin, changes);
                         Response::encode(&(epoch, reply, instance), Bytes::new())
@@ -473,12 +496,17 @@ impl Service for MetaService {
                     Err(status) => Response::fs_error(status),
                 };
             }
-            let log = service.changes.clone();
-            match tokio::task::spawn_blocking(move || service.handle(decoded)).await {
-                Ok(Ok(reply)) => {
-                    log.record(origin, changes);
-                    Response::encode(&(epoch, reply, instance), Bytes::new())
+            // Recorded on the blocking thread: a caller that stops waiting does not stop the
+            // change, and must not stop its notice either.
+            let work = move || {
+                let reply = service.handle_noting(decoded, &mut changes);
+                if reply.is_ok() {
+                    service.changes.record(origin, changes);
                 }
+                reply
+            };
+            match tokio::task::spawn_blocking(work).await {
+                Ok(Ok(reply)) => Response::encode(&(epoch, reply, instance), Bytes::new()),
                 Ok(Err(status)) => Response::fs_error(status),
                 Err(_) => Response::error(stria_rpc::status::INTERNAL, "metadata handler panicked"),
             }

@@ -17,8 +17,9 @@ use std::future::Future;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -482,36 +483,45 @@ pub(crate) async fn run(
         let task_ctx = ctx.clone();
         let mut work =
             Box::pin(async move { execute(&task_ctx, h.handle, command, payload).await });
+        // A panic in the backend fails its request (EIO), not the connection, in the reader's
+        // poll and in a task alike.
+        let panicked = {
+            let ctx = ctx.clone();
+            move || {
+                warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, "NBD backend panicked");
+                Message::from(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed"))
+            }
+        };
         if matches!(command, Command::Read { length, .. } if length > INLINE_READ_BYTES_MAX) {
             let ctx = ctx.clone();
             tasks.spawn(async move {
-                let message = work.await;
+                let message = std::future::poll_fn(|cx| poll_caught(work.as_mut(), cx))
+                    .await
+                    .unwrap_or_else(|()| panicked());
                 ctx.send(message, slot, budget_permit).await;
             });
             continue;
         }
-        // One poll here: a request served from memory completes in it and joins the batch. A
-        // panic in the backend fails this request (EIO), not the connection.
-        let polled = std::future::poll_fn(|cx| {
-            Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))))
-        })
-        .await;
-        let polled = polled.unwrap_or_else(|_| {
-            warn!(peer = %ctx.peer, export = %ctx.export_name, ?command, "NBD backend panicked");
-            Poll::Ready(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed").into())
-        });
+        // One poll here: a request served from memory completes in it and joins the batch.
+        let polled = std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await;
         match polled {
-            Poll::Ready(message) if message.len() <= REPLY_BATCH_BYTES => {
-                batch.add(message, slot, budget_permit);
-                if batch.bytes >= REPLY_BATCH_BYTES {
-                    batch.send(&ctx).await;
+            Poll::Ready(done) => {
+                let message = done.unwrap_or_else(|()| panicked());
+                if message.len() <= REPLY_BATCH_BYTES {
+                    batch.add(message, slot, budget_permit);
+                    if batch.bytes >= REPLY_BATCH_BYTES {
+                        batch.send(&ctx).await;
+                    }
+                } else {
+                    ctx.send(message, slot, budget_permit).await;
                 }
             }
-            Poll::Ready(message) => ctx.send(message, slot, budget_permit).await,
             Poll::Pending => {
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
-                    let message = work.await;
+                    let message = std::future::poll_fn(|cx| poll_caught(work.as_mut(), cx))
+                        .await
+                        .unwrap_or_else(|()| panicked());
                     ctx.send(message, slot, budget_permit).await;
                 });
             }
@@ -537,6 +547,18 @@ pub(crate) async fn run(
     drop(reader);
     if let Err(e) = writer.await {
         warn!(%peer, error = %e, "NBD reply writer panicked");
+    }
+}
+
+/// Polls `work` once; a panic in it is `Ready(Err(()))`.
+fn poll_caught<F: Future<Output = Message> + ?Sized>(
+    work: Pin<&mut F>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Message, ()>> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| work.poll(cx))) {
+        Ok(Poll::Ready(message)) => Poll::Ready(Ok(message)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(_) => Poll::Ready(Err(())),
     }
 }
 

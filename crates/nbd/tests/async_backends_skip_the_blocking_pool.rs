@@ -26,7 +26,8 @@ struct AsyncMem {
     poison: u64,
     /// Complete without yielding, as a read served from memory does.
     ready: bool,
-    /// A 512-byte read here panics.
+    /// A read of 512 bytes or of 192 KiB here panics (a small read is polled by the
+    /// connection's reader, a large one runs as a task of its own).
     read_panic: u64,
     /// Reads return the backend's own buffers (`read_parts_async`), split unevenly.
     parts: bool,
@@ -77,8 +78,8 @@ impl Backend for AsyncMem {
             if !self.ready {
                 tokio::task::yield_now().await;
             }
-            let poisoned = offset == self.read_panic && buf.len() == 512;
-            assert!(!poisoned, "a 512-byte read at the poisoned offset fails hard");
+            let poisoned = offset == self.read_panic && matches!(buf.len(), 512 | 196_608);
+            assert!(!poisoned, "a read at the poisoned offset fails hard");
             self.inner.read(offset, buf)
         }))
     }
@@ -253,6 +254,24 @@ fn requests_completed_at_once_are_answered_in_batches_within_the_limits() {
     assert_eq!(client.read(101, 4096, 4096).as_deref(), Ok(&stored[..]));
     assert!(backend.async_reads.load(Ordering::Relaxed) > 0);
     server.stop();
+}
+
+#[test]
+fn a_panic_in_a_read_of_any_size_fails_that_read_only() {
+    for ready in [true, false] {
+        let size = 16 * 1024 * 1024;
+        let poison = 8 * 1024 * 1024;
+        let backend = Arc::new(AsyncMem { ready, read_panic: poison, ..AsyncMem::new(size) });
+        let server = serve(&backend, Default::default());
+        let mut client = RawClient::open(server.addr, "a", true);
+        // Small (the reader's own poll, or a task when not ready) and large (a task).
+        for (handle, len) in [(1, 512u32), (2, 192 * 1024)] {
+            assert_eq!(client.read(handle, poison, len), Err(5), "EIO for {len} bytes ({ready})");
+        }
+        let stored = read_backend(&backend.inner, 4096, 256 * 1024);
+        assert_eq!(client.read(3, 4096, 256 * 1024).as_deref(), Ok(&stored[..]), "{ready}");
+        server.stop();
+    }
 }
 
 #[test]

@@ -71,11 +71,17 @@ pub struct Serving {
     task: tokio::task::JoinHandle<()>,
     /// The periodic sync of the role's state; stopped with the server.
     flusher: tokio::task::JoinHandle<()>,
+    /// The metadata service's change log, closed first at a stop so the mounts' waiting
+    /// watch requests end at once rather than hold the stop (up to 5 s each).
+    change_log: Option<Arc<stria_meta::changes::ChangeLog>>,
 }
 
 impl Serving {
     /// Stops accepting, lets requests in flight finish, stops the periodic sync.
     pub async fn shutdown(self) {
+        if let Some(log) = &self.change_log {
+            log.close();
+        }
         self.handle.shutdown();
         let _ = self.task.await;
         self.flusher.abort();
@@ -115,6 +121,7 @@ pub async fn serve_storage(
     let flusher = spawn_flusher(STORAGE_SYNC_INTERVAL, move || flushed.sync_changed());
     Ok(Serving {
         flusher,
+        change_log: None,
         addr: server.local_addr(),
         handle: server.shutdown_handle(),
         task: tokio::spawn(async move {
@@ -153,6 +160,7 @@ pub async fn serve_meta(
     meta.begin_serving(stria_proto::wire::LOCK_LEASE).context("starting the metadata service")?;
     let service = Arc::new(MetaService::new(meta.clone(), capacity).with_epoch(epoch));
     let ops = service.op_counts();
+    let change_log = Some(service.change_log());
     // Lazy metadata commits reach the disk within a second even without fsync.
     let flusher = spawn_flusher(std::time::Duration::from_secs(1), move || {
         if let Err(e) = meta.sync() {
@@ -168,6 +176,7 @@ pub async fn serve_meta(
             }
         }),
         flusher,
+        change_log,
     };
     Ok((serving, ops))
 }
