@@ -492,18 +492,15 @@ pub(crate) async fn run(
                 Message::from(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed"))
             }
         };
-        if matches!(command, Command::Read { length, .. } if length > INLINE_READ_BYTES_MAX) {
-            let ctx = ctx.clone();
-            tasks.spawn(async move {
-                let message = std::future::poll_fn(|cx| poll_caught(work.as_mut(), cx))
-                    .await
-                    .unwrap_or_else(|()| panicked());
-                ctx.send(message, slot, budget_permit).await;
-            });
-            continue;
-        }
         // One poll here: a request served from memory completes in it and joins the batch.
-        let polled = std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await;
+        // A large read is not polled here: it runs as a task the other worker can take.
+        let large_read =
+            matches!(command, Command::Read { length, .. } if length > INLINE_READ_BYTES_MAX);
+        let polled = if large_read {
+            Poll::Pending
+        } else {
+            std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await
+        };
         match polled {
             Poll::Ready(done) => {
                 let message = done.unwrap_or_else(|()| panicked());

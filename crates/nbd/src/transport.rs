@@ -47,64 +47,6 @@ pub(crate) enum TransportWriter {
     Shared(WriteHalf<Transport>),
 }
 
-impl AsyncRead for TransportReader {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TransportReader::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            TransportReader::Shared(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for TransportWriter {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            TransportWriter::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            TransportWriter::Shared(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            TransportWriter::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            TransportWriter::Shared(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            TransportWriter::Plain(s) => s.is_write_vectored(),
-            TransportWriter::Shared(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TransportWriter::Plain(s) => Pin::new(s).poll_flush(cx),
-            TransportWriter::Shared(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            TransportWriter::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            TransportWriter::Shared(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
-
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -115,66 +57,69 @@ impl std::fmt::Debug for Transport {
     }
 }
 
-impl AsyncRead for Transport {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
+/// Implements `AsyncRead` for an enum whose every variant holds a reader, by delegation.
+macro_rules! delegate_read {
+    ($ty:ident: $($variant:ident),+) => {
+        impl AsyncRead for $ty {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$variant(s) => Pin::new(s).poll_read(cx, buf),)+
+                }
+            }
         }
-    }
+    };
 }
 
-impl AsyncWrite for Transport {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
+/// Implements `AsyncWrite` for an enum whose every variant holds a writer, by delegation.
+macro_rules! delegate_write {
+    ($ty:ident: $($variant:ident),+) => {
+        impl AsyncWrite for $ty {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($ty::$variant(s) => Pin::new(s).poll_write(cx, buf),)+
+                }
+            }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($ty::$variant(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
+                }
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Transport::Plain(s) => s.is_write_vectored(),
-            Transport::Tls(s) => s.is_write_vectored(),
-            Transport::Memory(s) => s.is_write_vectored(),
-        }
-    }
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $($ty::$variant(s) => s.is_write_vectored(),)+
+                }
+            }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$variant(s) => Pin::new(s).poll_flush(cx),)+
+                }
+            }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($ty::$variant(s) => Pin::new(s).poll_shutdown(cx),)+
+                }
+            }
         }
-    }
+    };
 }
+
+delegate_read!(Transport: Plain, Tls, Memory);
+delegate_write!(Transport: Plain, Tls, Memory);
+delegate_read!(TransportReader: Plain, Shared);
+delegate_write!(TransportWriter: Plain, Shared);
