@@ -48,6 +48,13 @@ pub(crate) struct BlockCache {
     misses: AtomicU64,
 }
 
+/// Cache lookups of one read: blocks found, and runs not found whole.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Lookups {
+    hits: u64,
+    misses: u64,
+}
+
 /// What a target's read cache holds and how well it serves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadCacheStats {
@@ -124,8 +131,16 @@ impl BlockCache {
 
     /// Appends the `count` blocks from `first` on to `out`, one buffer each (shared with the
     /// cache, not copied), if every one is cached; `out` is left as it was otherwise. A long
-    /// run takes each shard's lock once instead of once per block.
-    pub(crate) fn get_run(&self, first: u64, count: usize, out: &mut Vec<Bytes>) -> bool {
+    /// run takes each shard's lock once instead of once per block. The lookup counts in the
+    /// cache's statistics, or in `tally` when given (a read that may be tried again counts
+    /// once, when it is served: [`BlockCache::count`]).
+    pub(crate) fn get_run(
+        &self,
+        first: u64,
+        count: usize,
+        out: &mut Vec<Bytes>,
+        tally: Option<&mut Lookups>,
+    ) -> bool {
         let start = out.len();
         out.reserve(count);
         let blocks = first..first + count as u64;
@@ -135,13 +150,25 @@ impl BlockCache {
             let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
             blocks.take_while(|&b| shards[shard_of(b)].copy_out(b, out)).count()
         };
-        self.hits.fetch_add(found as u64, Ordering::Relaxed);
+        let missed = u64::from(found < count);
+        match tally {
+            Some(tally) => {
+                tally.hits += found as u64;
+                tally.misses += missed;
+            }
+            None => self.count(Lookups { hits: found as u64, misses: missed }),
+        }
         if found < count {
-            self.misses.fetch_add(1, Ordering::Relaxed);
             out.truncate(start);
             return false;
         }
         true
+    }
+
+    /// Adds lookups tallied apart to the statistics.
+    pub(crate) fn count(&self, lookups: Lookups) {
+        self.hits.fetch_add(lookups.hits, Ordering::Relaxed);
+        self.misses.fetch_add(lookups.misses, Ordering::Relaxed);
     }
 
     /// Copies block `block` into `out` (one block) if cached.
@@ -306,22 +333,25 @@ mod tests {
         cache.put(100, &run);
         let before = Bytes::from_static(&[7, 7, 7]);
         let mut out = vec![before.clone()];
-        assert!(cache.get_run(100, 40, &mut out));
+        assert!(cache.get_run(100, 40, &mut out, None));
         assert_eq!(out.len(), 41, "one buffer per block");
         assert!(out[0] == before && out[1..].concat() == run, "appended after what was there");
         let mut short = Vec::new();
-        assert!(cache.get_run(136, 4, &mut short) && short.concat() == run[36 * BLOCK..]);
+        assert!(cache.get_run(136, 4, &mut short, None) && short.concat() == run[36 * BLOCK..]);
         // A few blocks (one lock each) and a long run (every shard's lock once) alike.
         for count in [4, 40] {
             let first = 140 - count as u64;
             let mut partial = vec![before.clone()];
             cache.invalidate(138, 1);
-            assert!(!cache.get_run(first, count, &mut partial), "a run with a missing block");
+            assert!(!cache.get_run(first, count, &mut partial, None), "a run with a missing block");
             assert_eq!(partial.len(), 1);
             assert_eq!(partial[0], before, "a miss leaves the buffers as they were");
             cache.put(138, &run[38 * BLOCK..39 * BLOCK]);
         }
-        assert!(!cache.get_run(138, 4, &mut short), "so is one running past the cached blocks");
+        assert!(
+            !cache.get_run(138, 4, &mut short, None),
+            "so is one running past the cached blocks"
+        );
     }
 
     #[test]
@@ -390,7 +420,7 @@ mod tests {
         assert!(cache.get(11, &mut out));
         assert_eq!(out, block(2));
         let mut held = Vec::new();
-        assert!(cache.get_run(11, 1, &mut held));
+        assert!(cache.get_run(11, 1, &mut held, None));
         cache.put(11, &block(3));
         assert!(cache.get(11, &mut out));
         assert_eq!(out, block(3), "a rewritten block is replaced");

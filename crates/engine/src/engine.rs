@@ -14,7 +14,7 @@ use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, ObjectId, TargetId};
 use stria_raid::Array;
 
 use crate::alloc::{Allocator, Run};
-use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
+use crate::cache::{BlockCache, Lookups, SMALL_IO_BLOCKS};
 use crate::commit::{self, CHUNKS, Committer, META};
 use crate::packer::{Cached, Packer, Retired};
 use crate::record::{BlockRef, ChunkRecord, blocks_for, runs_of};
@@ -345,7 +345,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<(), EngineError> {
         let mut parts = Vec::new();
-        self.append_blocks(chunk, rec, first, out.len() / BLOCK, &mut parts, false)?;
+        self.append_blocks(chunk, rec, first, out.len() / BLOCK, &mut parts, None)?;
         let mut at = 0;
         for part in parts {
             out[at..at + part.len()].copy_from_slice(&part);
@@ -359,7 +359,7 @@ impl Engine {
     /// (no copy), a run read from the array or a packer image as one buffer. With
     /// `memory_only`, returns Ok(false) instead of reading the array when a block is neither
     /// in the read cache nor in a packer image (`out` then holds some of the blocks: the
-    /// caller drops it).
+    /// caller drops it), and tallies its cache lookups there instead of counting them.
     fn append_blocks(
         &self,
         chunk: ChunkId,
@@ -367,7 +367,7 @@ impl Engine {
         first: u32,
         count: usize,
         out: &mut Vec<Bytes>,
-        memory_only: bool,
+        mut memory_only: Option<&mut Lookups>,
     ) -> Result<bool, EngineError> {
         let block_at = |i: usize| rec.blocks.get(first as usize + i).copied().flatten();
         let mut i = 0usize;
@@ -392,11 +392,17 @@ impl Engine {
             let at = out.len();
             // The CRCs of the run's blocks, when they came from the array or the packer.
             let mut read_crcs = None;
-            if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out)) {
+            let tally = memory_only.as_deref_mut();
+            if !(self.cache.enabled() && self.cache.get_run(start.physical, n, out, tally)) {
                 // Not all cached: the run comes from the packer's images or the array.
                 let mut run = vec![0u8; n * BLOCK];
                 let mut crcs = vec![0u32; n];
-                if !self.read_physical(start.physical, &mut run, &mut crcs, memory_only)? {
+                if !self.read_physical(
+                    start.physical,
+                    &mut run,
+                    &mut crcs,
+                    memory_only.is_some(),
+                )? {
                     return Ok(false);
                 }
                 out.push(Bytes::from(run));
@@ -545,9 +551,14 @@ impl Engine {
         let last = ((end - 1) / BLOCK as u64) as u32;
         let count = (last - first + 1) as usize;
         let mut parts = Vec::new();
-        if !self.append_blocks(chunk, &rec, first, count, &mut parts, memory_only)? {
+        // A read from memory only may be tried again from the array: its cache lookups count
+        // once it is served.
+        let mut lookups = Lookups::default();
+        let tally = memory_only.then_some(&mut lookups);
+        if !self.append_blocks(chunk, &rec, first, count, &mut parts, tally)? {
             return Ok(None);
         }
+        self.cache.count(lookups);
         let skip = (offset % BLOCK as u32) as usize;
         Ok(Some(trim(parts, skip, (end - offset as u64) as usize)))
     }

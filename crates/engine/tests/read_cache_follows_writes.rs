@@ -88,3 +88,29 @@ fn a_read_from_memory_only_never_touches_the_array() {
     assert!(cached.iter().zip(&again).all(|(a, b)| a.as_ptr() == b.as_ptr()), "a copy");
     assert_eq!(in_memory(chunk(2, 0)), Some(vec![]), "missing");
 }
+
+#[test]
+fn a_read_tried_from_memory_then_the_array_counts_its_lookups_once() {
+    let (_drives, array) = raid5(16);
+    let dir = temp_dir("read-cache-counts");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    engine.set_read_cache_bytes(1 << 20);
+    // 20 blocks written at once (a large write: not cached), then the first 4 read (cached).
+    let data = vec![5u8; 20 * 4096];
+    engine.write(chunk(1, 0), 0, &data, None).expect("write");
+    engine.sync().expect("sync");
+    assert_eq!(engine.read(chunk(1, 0), 0, 4 * 4096).expect("read"), data[..4 * 4096]);
+    let before = engine.read_cache_stats();
+    // A read from memory only finds the first 4 and gives up: nothing counts yet.
+    assert_eq!(engine.read_if_in_memory(chunk(1, 0), 0, 20 * 4096).expect("read"), None);
+    let tried = engine.read_cache_stats();
+    assert_eq!((tried.hits, tried.misses), (before.hits, before.misses), "counted a retried read");
+    // The same read served from the array counts once: 4 hits, 1 run missed.
+    assert_eq!(engine.read(chunk(1, 0), 0, 20 * 4096).expect("read"), data);
+    let served = engine.read_cache_stats();
+    assert_eq!((served.hits - before.hits, served.misses - before.misses), (4, 1));
+    // A read served from memory counts too.
+    assert!(engine.read_if_in_memory(chunk(1, 0), 0, 4 * 4096).expect("read").is_some());
+    let from_memory = engine.read_cache_stats();
+    assert_eq!((from_memory.hits - served.hits, from_memory.misses - served.misses), (4, 0));
+}
