@@ -212,11 +212,6 @@ const IO_SLICES_MAX: usize = 1024;
 /// for its buffered requests to run out.
 const REPLY_BATCH_BYTES: usize = 256 * 1024;
 
-/// Reads larger than this run as tasks of their own rather than in the reader's loop: served
-/// from memory they are still a CRC32C check of every block, and as tasks the runtime's other
-/// workers take them, so one connection's reads do not all wait on one core.
-const INLINE_READ_BYTES_MAX: u32 = 64 * 1024;
-
 /// One reply's bytes: its head (the header, or the whole reply) and the data that follows,
 /// in the backend's own buffers (see [`Backend::read_parts_async`]), sent without a copy.
 #[derive(Debug)]
@@ -493,14 +488,7 @@ pub(crate) async fn run(
             }
         };
         // One poll here: a request served from memory completes in it and joins the batch.
-        // A large read is not polled here: it runs as a task the other worker can take.
-        let large_read =
-            matches!(command, Command::Read { length, .. } if length > INLINE_READ_BYTES_MAX);
-        let polled = if large_read {
-            Poll::Pending
-        } else {
-            std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await
-        };
+        let polled = std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await;
         match polled {
             Poll::Ready(done) => {
                 let message = done.unwrap_or_else(|()| panicked());
