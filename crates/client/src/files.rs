@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use stria_proto::fs::{FileLayout, FsStatus, Ino};
+use stria_proto::fs::{FileLayout, FsStatus, Ino, has_suid};
 use stria_proto::wire::{Attr, Timestamp};
 use stria_rpc::Data;
 use tokio::sync::{OnceCell, Semaphore};
@@ -90,8 +90,13 @@ pub(crate) struct InodeState {
     /// there was none (the kernel asks before every write to a file; see `Client::getxattr`).
     /// Same consistency as `no_xattrs`.
     pub no_capability: bool,
-    /// Extended-attribute changes made through this client while the file was open: an answer
-    /// to a request sent before one of them says nothing about the file after it.
+    /// The file's mode, as last seen here, has bits a write by someone without CAP_FSETID
+    /// clears (set-user-ID, or set-group-ID with group execute); also set while a change of
+    /// the mode or owner through this client is unanswered.
+    pub suidgid: bool,
+    /// Extended-attribute, mode and owner changes made through this client while the file was
+    /// open: an answer to a request sent before one of them says nothing about the file after
+    /// it.
     pub xattr_changes: u64,
 }
 
@@ -155,6 +160,7 @@ impl OpenFiles {
                         next_write_id: 0,
                         no_xattrs: false,
                         no_capability: false,
+                        suidgid: false,
                         xattr_changes: 0,
                     }),
                     write_budget: Arc::new(Semaphore::new(self.write_behind_bytes as usize)),
@@ -167,6 +173,7 @@ impl OpenFiles {
         {
             let mut state = inode.state();
             state.opens += 1;
+            state.suidgid |= has_suid(u32::from(attr.perm));
             if state.layout.is_none() {
                 state.layout = attr.layout.clone();
             }
@@ -305,6 +312,39 @@ impl OpenFiles {
     /// it is not open here).
     pub fn xattr_changes(&self, ino: Ino) -> Option<u64> {
         self.inode(ino).map(|inode| inode.state().xattr_changes)
+    }
+
+    /// The mode or owner of the file is being changed through this client: until a write
+    /// drops them again, it may have privileges to drop.
+    pub fn may_change_mode(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            let mut state = inode.state();
+            state.suidgid = true;
+            state.xattr_changes += 1;
+        }
+    }
+
+    /// Whether a write to the open file must first ask the metadata service to drop
+    /// privileges (see `Client::drop_privileges_for_write`): it may have a capability, or
+    /// `suidgid` and its mode may have set-ID bits. When it must, the count of changes made
+    /// here so far, for [`OpenFiles::privileges_dropped`].
+    pub fn privileges_to_drop(&self, ino: Ino, suidgid: bool) -> Option<u64> {
+        let inode = self.inode(ino)?;
+        let state = inode.state();
+        let capability = !(state.no_xattrs || state.no_capability);
+        (capability || suidgid && state.suidgid).then_some(state.xattr_changes)
+    }
+
+    /// The metadata service dropped the file's privileges, after `changes` changes made here,
+    /// and answered `attr`: kept if no change was made here since.
+    pub fn privileges_dropped(&self, attr: &Attr, changes: u64) {
+        if let Some(inode) = self.inode(attr.ino) {
+            let mut state = inode.state();
+            if state.xattr_changes == changes {
+                state.no_capability = true;
+                state.suidgid = has_suid(u32::from(attr.perm));
+            }
+        }
     }
 
     /// The file had no `security.capability` when asked, after `changes` changes made here:

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stria_proto::fs::{FsStatus, Ino, LayoutPolicy, TargetId};
+use stria_proto::fs::{CAPABILITY_XATTR, FsStatus, Ino, LayoutPolicy, TargetId};
 use stria_proto::wire::{
     Attr, Caller, Change, ChangeBatch, ChangeCursor, DirEntry, DriveField, FileKind, MetaReply,
     MetaRequest, Released, RenameFlags, SetAttr, StatFs, TargetAddSpare, TargetInfo,
@@ -246,6 +246,9 @@ impl Client {
                 }
             }
             self.inner.files.before_truncate(ino, size);
+        }
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+            self.inner.files.may_change_mode(ino);
         }
         let truncating = set.size.is_some();
         let since = self.inner.files.publishes();
@@ -498,6 +501,29 @@ impl Client {
         Ok(bytes.len() as u32)
     }
 
+    /// Takes from the file what a write through `fh` must take first, when the kernel leaves
+    /// that to the file system (FUSE_HANDLE_KILLPRIV_V2) instead of asking for the file's
+    /// capability before every write: its `security.capability`, and set-user-ID and
+    /// set-group-ID when `suidgid` (the writer lacks CAP_FSETID). The metadata service is
+    /// asked only while the open file may have one of them: for a file opened (not created)
+    /// here, once per open, and again after a change of its mode, owner or extended
+    /// attributes through this client. Another client's change while the file is open here
+    /// shows at the next open (close-to-open, as for the capability lookups it replaces).
+    /// True when the service was asked: the file's attributes may have changed.
+    pub fn drop_privileges_for_write(&self, fh: FileHandleId, suidgid: bool) -> FsResult<bool> {
+        let file = self.inner.files.get(fh)?;
+        let Some(changes) = self.inner.files.privileges_to_drop(file.ino, suidgid) else {
+            return Ok(false);
+        };
+        match self.meta(MetaRequest::DropPrivileges { ino: file.ino, suidgid })? {
+            MetaReply::Attr(attr) => {
+                self.inner.files.privileges_dropped(&attr, changes);
+                Ok(true)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Waits for queued writes and publishes the size (close-to-open consistency). A handle
     /// opened without write access that never wrote flushes nothing: the writes of the file's
     /// other handles, and their errors, are theirs to flush and report.
@@ -726,10 +752,6 @@ impl Client {
         &self.inner.config
     }
 }
-
-/// The extended attribute holding a file's capabilities, which the kernel looks up before
-/// every write.
-const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// Whether an open with access `mask` (access(2) bits: 4 read, 2 write) may write.
 fn opens_for_writing(mask: u32) -> bool {

@@ -1,9 +1,10 @@
 //! Attributes and data: setattr (chmod, chown, truncate, utimes), inline small-file data,
 //! size growth from chunk writes, the inline-to-chunks spill, and layouts.
 
+use redb::ReadableTable;
 use stria_proto::fs::{
-    CHUNK_BYTES_MAX, CHUNK_BYTES_MIN, FileLayout, FsStatus, INLINE_DATA_MAX, Ino, LayoutPolicy,
-    ROOT_INO, STRIPE_COUNT_MAX,
+    CAPABILITY_XATTR, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN, FileLayout, FsStatus, INLINE_DATA_MAX, Ino,
+    LayoutPolicy, ROOT_INO, STRIPE_COUNT_MAX, has_suid,
 };
 
 use crate::error::{MetaError, Result, fs};
@@ -92,6 +93,9 @@ impl Meta {
                 rec.uid = set.uid.unwrap_or(rec.uid);
                 rec.gid = set.gid.unwrap_or(rec.gid);
                 kill_suid(&mut rec);
+                if !rec.is_dir() {
+                    tx.remove_xattr(ino, CAPABILITY_XATTR)?;
+                }
             }
             if let Some(size) = set.size {
                 regular(&rec)?;
@@ -106,10 +110,13 @@ impl Meta {
                     rec.size = size;
                     rec.version += 1;
                     rec.mtime = now;
-                    if !caller.is_root() {
-                        kill_suid(&mut rec);
-                    }
                 }
+                // As a local file system: any truncate drops the capabilities, and set-user-ID
+                // and set-group-ID unless the caller may keep them (root, for CAP_FSETID).
+                if !caller.is_root() {
+                    kill_suid(&mut rec);
+                }
+                tx.remove_xattr(ino, CAPABILITY_XATTR)?;
             }
             for (which, slot) in [(set.atime, &mut rec.atime), (set.mtime, &mut rec.mtime)] {
                 match which {
@@ -130,6 +137,40 @@ impl Meta {
             tx.account(Some(&before), Some(&rec));
             tx.put_inode(ino, &rec)?;
             Ok(SetAttrOutcome { attr: rec.attr(ino), old_size })
+        })
+    }
+
+    /// Takes from a regular file what a write must: its capabilities, and set-user-ID and
+    /// set-group-ID when `suidgid` (see [`stria_proto::wire::MetaRequest::DropPrivileges`]).
+    /// Changes nothing, and commits nothing, when there is nothing to take.
+    pub fn drop_privileges(&self, ino: Ino, suidgid: bool) -> Result<Attr> {
+        let something = |rx_has_capability: bool, rec: &Inode| {
+            rec.kind == FileKind::File && (rx_has_capability || suidgid && has_suid(rec.mode))
+        };
+        let (attr, needed) = self.read(|rx| {
+            let rec = rx.inode(ino)?;
+            let capability = rx.xattrs()?.get((ino, CAPABILITY_XATTR))?.is_some();
+            Ok((rec.attr(ino), something(capability, &rec)))
+        })?;
+        if !needed {
+            return Ok(attr);
+        }
+        self.write(|tx| {
+            let mut rec = tx.inode(ino)?;
+            if rec.kind != FileKind::File {
+                return Ok(rec.attr(ino));
+            }
+            let before = rec.clone();
+            let dropped = tx.remove_xattr(ino, CAPABILITY_XATTR)?;
+            if suidgid {
+                kill_suid(&mut rec);
+            }
+            if dropped || rec.mode != before.mode {
+                rec.ctime = self.now();
+                tx.account(Some(&before), Some(&rec));
+                tx.put_inode(ino, &rec)?;
+            }
+            Ok(rec.attr(ino))
         })
     }
 

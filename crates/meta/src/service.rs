@@ -364,6 +364,9 @@ impl MetaService {
                 meta.removexattr(ino, &name, &caller)?;
                 MetaReply::Done
             }
+            MetaRequest::DropPrivileges { ino, suidgid } => {
+                self.attr(meta.drop_privileges(ino, suidgid)?)?
+            }
             MetaRequest::StatFs => {
                 let (total, free) = (self.capacity)();
                 let s = meta.statfs(total, free)?;

@@ -310,6 +310,46 @@ fn setattr_rules_and_ctime() {
 }
 
 #[test]
+fn writes_chowns_and_truncates_drop_privileges() {
+    let m = meta();
+    let cap = b"security.capability";
+    let f = m.create(ROOT_INO, b"f", 0o6775, &root()).expect("create");
+    m.setxattr(f.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
+    m.setxattr(f.ino, b"user.k", b"v", XattrFlags::Any, &root()).expect("set user xattr");
+    // A writer with CAP_FSETID: the capability goes, set-ID bits stay.
+    let kept = m.drop_privileges(f.ino, false).expect("drop");
+    assert_eq!(kept.mode, 0o6775);
+    assert_eq!(status(m.getxattr(f.ino, cap, &root())), FsStatus::NoData);
+    assert_eq!(m.getxattr(f.ino, b"user.k", &root()).expect("other xattrs stay"), b"v");
+    assert!(kept.ctime > f.ctime, "a drop is a change");
+    // Nothing left to drop for such a writer: nothing changes, not even ctime.
+    assert_eq!(m.drop_privileges(f.ino, false).expect("again").ctime, kept.ctime);
+    // A writer without it: setuid, and setgid (group execute is set), go too.
+    assert_eq!(m.drop_privileges(f.ino, true).expect("drop").mode, 0o775);
+    // Without group execute, setgid marks mandatory locking and stays.
+    let g = m.create(ROOT_INO, b"g", 0o2764, &root()).expect("create");
+    assert_eq!(m.drop_privileges(g.ino, true).expect("drop").mode, 0o2764);
+    // Directories keep theirs.
+    let d = m.mkdir(ROOT_INO, b"d", 0o2775, &root()).expect("mkdir");
+    m.setxattr(d.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
+    assert_eq!(m.drop_privileges(d.ino, true).expect("drop").mode, 0o2775);
+    assert_eq!(m.getxattr(d.ino, cap, &root()).expect("a directory keeps it"), b"caps");
+    // chown and truncate drop the capability whoever asks; a truncate by someone other than
+    // root drops set-ID bits even when the size stays.
+    let size = |size| SetAttr { size: Some(size), ..Default::default() };
+    m.setattr(f.ino, &root(), &SetAttr { mode: Some(0o6777), ..Default::default() })
+        .expect("chmod");
+    m.setxattr(f.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
+    let out = m.setattr(f.ino, &root(), &size(0)).expect("root truncates");
+    assert_eq!(out.attr.mode, 0o6777);
+    assert_eq!(status(m.getxattr(f.ino, cap, &root())), FsStatus::NoData);
+    assert_eq!(m.setattr(f.ino, &alice(), &size(0)).expect("truncate").attr.mode, 0o777);
+    m.setxattr(f.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
+    m.setattr(f.ino, &root(), &SetAttr { gid: Some(7), ..Default::default() }).expect("chgrp");
+    assert_eq!(status(m.getxattr(f.ino, cap, &root())), FsStatus::NoData);
+}
+
+#[test]
 fn parent_times_follow_posix() {
     let m = meta();
     let d = m.mkdir(ROOT_INO, b"d", 0o755, &root()).expect("d");

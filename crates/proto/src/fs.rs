@@ -24,6 +24,18 @@ pub const SYMLINK_BYTES_MAX: usize = 4095;
 pub const XATTR_VALUE_BYTES_MAX: usize = 64 * 1024;
 pub const XATTR_NAME_BYTES_MAX: usize = 255;
 
+/// The extended attribute that holds a file's capabilities: a write, a chown and a truncate
+/// drop it, as on a local file system.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// Whether a write by someone without CAP_FSETID clears bits of `mode`: set-user-ID, or
+/// set-group-ID with group execute (without it, set-group-ID marks mandatory locking).
+pub fn has_suid(mode: u32) -> bool {
+    const SUID: u32 = 0o4000;
+    const SGID_GROUP_EXEC: u32 = 0o2010;
+    mode & SUID != 0 || mode & SGID_GROUP_EXEC == SGID_GROUP_EXEC
+}
+
 /// Chunk (stripe) size bounds for a file layout; a chunk never spans targets.
 pub const CHUNK_BYTES_MIN: u32 = 64 * 1024;
 pub const CHUNK_BYTES_MAX: u32 = 16 * 1024 * 1024;

@@ -489,6 +489,16 @@ pub enum MetaRequest {
         after: Option<ChangeCursor>,
         wait_ms: u32,
     },
+    /// What a write takes from a regular file before it lands: its `security.capability`,
+    /// always, and set-user-ID and set-group-ID (the latter only with group execute) when
+    /// `suidgid` (the writer may not keep them: it lacks CAP_FSETID). A mount sends it when
+    /// the kernel leaves this to the file system (FUSE_HANDLE_KILLPRIV_V2) instead of asking
+    /// for the capability before every write. The writer opened the file for writing, so no
+    /// permission is checked: it only ever takes away. `Attr`, the attributes after.
+    DropPrivileges {
+        ino: Ino,
+        suidgid: bool,
+    },
 }
 
 /// Longest a [`MetaRequest::WatchChanges`] waits for a change.
@@ -625,7 +635,8 @@ impl MetaRequest {
             | MetaRequest::SetXattr { ino, .. }
             | MetaRequest::RemoveXattr { ino, .. }
             | MetaRequest::SetFileLayout { ino, .. }
-            | MetaRequest::SetLayoutPolicy { ino, .. } => vec![*ino],
+            | MetaRequest::SetLayoutPolicy { ino, .. }
+            | MetaRequest::DropPrivileges { ino, .. } => vec![*ino],
             MetaRequest::Create { parent, .. }
             | MetaRequest::Mkdir { parent, .. }
             | MetaRequest::Symlink { parent, .. }
@@ -711,6 +722,7 @@ impl MetaRequest {
                     | MetaRequest::ExtendSize { .. }
                     | MetaRequest::SetFileLayout { .. }
                     | MetaRequest::SetLayoutPolicy { .. }
+                    | MetaRequest::DropPrivileges { .. }
                     | MetaRequest::Sync
                     | MetaRequest::GetLock { .. }
                     | MetaRequest::SetLock { .. }
@@ -784,6 +796,7 @@ impl MetaRequest {
             MetaRequest::ExpireClients => "expire_clients",
             MetaRequest::Reclaim { .. } => "reclaim",
             MetaRequest::WatchChanges { .. } => "watch_changes",
+            MetaRequest::DropPrivileges { .. } => "drop_privileges",
         }
     }
 }

@@ -221,6 +221,17 @@ fn stat_(p: &Path) -> Result<libc::stat, i32> {
     Ok(st)
 }
 
+/// The mode as a `stat` that asks for nothing else sees it (`statx` with `STATX_MODE`, as
+/// `stat -c %a` does): the kernel answers it from its cache unless told the mode changed.
+fn mode_only_(p: &Path) -> Result<u32, i32> {
+    let c = cs(p);
+    // SAFETY: zeroed statx is a valid out buffer.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    rc(unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MODE, &mut st) })?;
+    Ok(u32::from(st.stx_mode))
+}
+
 fn lstat_(p: &Path) -> Result<libc::stat, i32> {
     let c = cs(p);
     // SAFETY: zeroed stat is a valid out buffer.
@@ -1701,6 +1712,19 @@ fn attr_chown(d: &Path) -> CaseResult {
     Ok(())
 }
 
+fn attr_root_write_keeps_suid(d: &Path) -> CaseResult {
+    // Root has CAP_FSETID: its writes and truncates leave set-ID bits alone.
+    let f = d.join("f");
+    put(&f, b"#!/bin/sh\n")?;
+    ok("chmod", chmod_(&f, 0o6755))?;
+    let fd = ok("open", open_(&f, libc::O_WRONLY, 0))?;
+    ok("write", pwrite_all(&fd, b"#!/bin/bash\n", 0))?;
+    ok("ftruncate", ftruncate_(&fd, 4))?;
+    drop(fd);
+    ensure_mode!(ok("stat", stat_(&f))?.st_mode & 0o7777, 0o6755, "mode after root's write");
+    Ok(())
+}
+
 fn attr_chown_clears_suid(d: &Path) -> CaseResult {
     let cases: &[(u32, u32)] = &[
         (0o4755, 0o755),  // setuid cleared
@@ -2137,6 +2161,7 @@ const CASES: &[Case] = &[
     ("attr.chmod", attr_chmod),
     ("attr.chown", attr_chown),
     ("attr.chown_clears_suid", attr_chown_clears_suid),
+    ("attr.root_write_keeps_suid", attr_root_write_keeps_suid),
     ("attr.utimens_explicit", attr_utimens_explicit),
     ("attr.utimens_range", attr_utimens_range),
     ("attr.utimens_now_omit", attr_utimens_now_omit),
@@ -2594,21 +2619,43 @@ fn sgid_nonmember_check(d: &Path, _: &Ids) -> CaseResult {
 
 fn write_kills_suid_setup(d: &Path, _: &Ids) -> CaseResult {
     mk_file(&d.join("u"), b"data", 0, 0, 0o4777)?;
-    mk_file(&d.join("g"), b"data", 0, 0, 0o2777)
+    mk_file(&d.join("g"), b"data", 0, 0, 0o2777)?;
+    mk_file(&d.join("lock"), b"data", 0, 0, 0o2767)?;
+    mk_file(&d.join("t"), b"data", 0, 0, 0o6777)?;
+    // Looked at before the writes, so that the kernel holds the old modes.
+    for name in ["u", "g", "lock", "t"] {
+        ok("stat fixture", stat_(&d.join(name)))?;
+    }
+    Ok(())
 }
 fn write_kills_suid_check(d: &Path, _: &Ids) -> CaseResult {
+    // Modes read both ways: a stat asking for the mode alone is answered from the kernel's
+    // cache, which must have heard of the change.
     ok("write setuid file", can_write(&d.join("u")))?;
+    ensure_mode!(ok("statx", mode_only_(&d.join("u")))? & 0o7777, 0o777, "setuid after write");
     ensure_mode!(
         ok("stat", stat_(&d.join("u")))?.st_mode & 0o7777,
         0o777,
         "setuid cleared by unprivileged write"
     );
     ok("write setgid file", can_write(&d.join("g")))?;
+    ensure_mode!(ok("statx", mode_only_(&d.join("g")))? & 0o7777, 0o777, "setgid after write");
     ensure_mode!(
         ok("stat", stat_(&d.join("g")))?.st_mode & 0o7777,
         0o777,
         "setgid cleared by unprivileged write"
     );
+    // Without group execute, set-group-ID marks mandatory locking and stays.
+    ok("write setgid file without group execute", can_write(&d.join("lock")))?;
+    ensure_mode!(
+        ok("stat", stat_(&d.join("lock")))?.st_mode & 0o7777,
+        0o2767,
+        "setgid without group execute kept by unprivileged write"
+    );
+    let fd = ok("open for truncate", open_(&d.join("t"), libc::O_WRONLY, 0))?;
+    ok("ftruncate", ftruncate_(&fd, 2))?;
+    drop(fd);
+    ensure_mode!(ok("statx", mode_only_(&d.join("t")))? & 0o7777, 0o777, "mode after truncate");
     Ok(())
 }
 
