@@ -67,6 +67,28 @@ pub fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes in a lookup's answer that the name is absent (node id 0, with a timeout
+/// for the kernel to keep that): the kernel reads nothing else of them.
+pub fn absent_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: std::time::UNIX_EPOCH,
+        mtime: std::time::UNIX_EPOCH,
+        ctime: std::time::UNIX_EPOCH,
+        crtime: std::time::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,7 @@ use stria_proto::wire::{FileKind, LockKind, LockRange, SetAttr, TimeSet, XattrSe
 
 use caller::Callers;
 pub use caller::SQUASHED_ID;
-use convert::{errno, file_attr, file_type, timestamp};
+use convert::{absent_attr, errno, file_attr, file_type, timestamp};
 
 /// How the file system is mounted.
 #[derive(Clone, Debug)]
@@ -298,6 +298,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     let ttl = Arc::new(watch::CacheTtl::new(options.attr_ttl, options.watched_attr_ttl));
     let watched = options.watch_changes.then(|| client.clone());
     let known = Arc::new(watch::KnownInodes::default());
+    let absent = Arc::new(watch::AbsentNames::default());
     let lock_waiters = Arc::new(locks::LockWaiters::default());
     let fs = StriaFs {
         requests: requests.clone(),
@@ -305,6 +306,7 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
         client,
         ttl: ttl.clone(),
         known: known.clone(),
+        absent: absent.clone(),
         max_io_bytes: options.max_io_bytes,
         writeback_cache: options.writeback_cache,
         drops_privileges: false,
@@ -316,7 +318,9 @@ pub fn mount(client: Client, mountpoint: &Path, options: &MountOptions) -> io::R
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
     let watcher = match watched {
-        Some(client) => Some(watch::Watcher::start(client, session.notifier(), ttl, known)?),
+        Some(client) => {
+            Some(watch::Watcher::start(client, session.notifier(), ttl, known, absent)?)
+        }
         None => None,
     };
     Ok(Mount { session: Some(session), requests, offloaded, lock_waiters, watcher })
@@ -330,6 +334,8 @@ struct StriaFs {
     ttl: Arc<watch::CacheTtl>,
     /// The inodes the kernel holds (see `watch::KnownInodes`).
     known: Arc<watch::KnownInodes>,
+    /// The names the kernel holds as absent (see `watch::AbsentNames`).
+    absent: Arc<watch::AbsentNames>,
     max_io_bytes: u32,
     writeback_cache: bool,
     /// The kernel leaves dropping a file's capabilities and set-ID bits on write to us
@@ -425,6 +431,20 @@ impl StriaFs {
                 reply.entry(&self.ttl.get(), &file_attr(&attr), GENERATION)
             }
             Err(error) => reply.error(errno(error)),
+        }
+    }
+
+    /// A lookup found no such name. While the watcher hears every change, the kernel may
+    /// keep that for the long timeout (an entry with node id 0), so that a search path or a
+    /// stat before a create asks once: another client's create of the name is heard and
+    /// drops it (`watch::AbsentNames`). Otherwise ENOENT, which the kernel does not keep.
+    /// `heard`: where the watcher was before the lookup was sent.
+    fn reply_absent(&self, reply: ReplyEntry, parent: u64, name: &[u8], heard: u64) {
+        match self.ttl.watched() {
+            Some(ttl) if self.absent.record(parent, name, ttl, heard) => {
+                reply.entry(&ttl, &absent_attr(), GENERATION)
+            }
+            _ => reply.error(Errno::ENOENT),
         }
     }
 
@@ -531,7 +551,11 @@ impl Filesystem for StriaFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.requests.count(Op::Lookup);
         let caller = self.callers.of(req);
-        self.reply_entry(reply, self.client.lookup(&caller, parent.0, name_bytes(name)));
+        let heard = self.absent.heard();
+        match self.client.lookup(&caller, parent.0, name_bytes(name)) {
+            Err(FsStatus::NotFound) => self.reply_absent(reply, parent.0, name_bytes(name), heard),
+            found => self.reply_entry(reply, found),
+        }
     }
 
     /// The kernel evicted the inode, and its pages with it.

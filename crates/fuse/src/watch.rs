@@ -59,8 +59,13 @@ impl CacheTtl {
 
     /// The timeout of an entry or attributes handed to the kernel now.
     pub(crate) fn get(&self) -> Duration {
+        self.watched().unwrap_or(self.short)
+    }
+
+    /// The long timeout, while the watcher hears every change; None otherwise.
+    pub(crate) fn watched(&self) -> Option<Duration> {
         let now = self.base.elapsed().as_nanos() as u64;
-        if now >= self.long_from.load(Ordering::Relaxed) { self.long } else { self.short }
+        (now >= self.long_from.load(Ordering::Relaxed)).then_some(self.long)
     }
 
     /// The watcher is current from now on. An answer the metadata service read before the
@@ -134,6 +139,74 @@ impl KnownInodes {
     }
 }
 
+/// The names the mount told the kernel are absent, with the long timeout: the kernel then
+/// answers lookups of them itself (a search path, a `stat` before a create). Another client
+/// that creates one is heard (a [`Change::Entry`]). A mount that missed changes forgets every
+/// one of them, since one created meanwhile must not stay hidden for the timeout.
+///
+/// Bounded: past [`ABSENT_NAMES_MAX`] names still within their timeout, an absent name goes to
+/// the kernel uncached, as a plain ENOENT.
+#[derive(Debug, Default)]
+pub(crate) struct AbsentNames {
+    names: Mutex<AbsentState>,
+    /// Bumped by the watcher before it applies changes to names: an answer read before them
+    /// must not be cached (it may be the name the change created).
+    heard: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct AbsentState {
+    until: HashMap<(u64, Box<[u8]>), Instant>,
+    /// When the record is full, the next time any of it runs out: no sweep before.
+    sweep_at: Option<Instant>,
+}
+
+/// Most names [`AbsentNames`] holds (names are at most 255 bytes: at most about 20 MiB).
+const ABSENT_NAMES_MAX: usize = 65_536;
+
+impl AbsentNames {
+    /// Where the watcher is: pass it to [`AbsentNames::record`] after the lookup.
+    pub(crate) fn heard(&self) -> u64 {
+        self.heard.load(Ordering::Acquire)
+    }
+
+    /// `name` in `parent` is about to go to the kernel as absent for `ttl`, looked up when the
+    /// watcher was at `heard`. False when it must not be cached: the watcher heard of changes
+    /// to names meanwhile, or the record is full.
+    pub(crate) fn record(&self, parent: u64, name: &[u8], ttl: Duration, heard: u64) -> bool {
+        let now = Instant::now();
+        let mut state = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        if self.heard() != heard {
+            return false;
+        }
+        if state.until.len() >= ABSENT_NAMES_MAX {
+            if state.sweep_at.is_some_and(|at| now < at) {
+                return false;
+            }
+            state.until.retain(|_, until| *until > now);
+            state.sweep_at = state.until.values().min().copied();
+            if state.until.len() >= ABSENT_NAMES_MAX {
+                return false;
+            }
+        }
+        state.until.insert((parent, name.into()), now + ttl);
+        true
+    }
+
+    /// The watcher is about to apply changes to names.
+    fn hearing_names(&self) {
+        self.heard.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Every name still within its timeout; the record is emptied.
+    fn take(&self) -> Vec<(u64, Box<[u8]>)> {
+        let now = Instant::now();
+        let mut state = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        state.sweep_at = None;
+        state.until.drain().filter(|(_, until)| *until > now).map(|(name, _)| name).collect()
+    }
+}
+
 /// The running watcher thread; [`Watcher::stop`] ends it.
 #[derive(Debug)]
 pub(crate) struct Watcher {
@@ -147,11 +220,12 @@ impl Watcher {
         notifier: Notifier,
         ttl: Arc<CacheTtl>,
         known: Arc<KnownInodes>,
+        absent: Arc<AbsentNames>,
     ) -> std::io::Result<Watcher> {
         let (stop, stopped) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name("stria-watch".into())
-            .spawn(move || run(&client, &notifier, &ttl, &known, stopped))?;
+            .spawn(move || run(&client, &notifier, &ttl, &known, &absent, stopped))?;
         Ok(Watcher { stop, thread: Some(thread) })
     }
 
@@ -169,6 +243,7 @@ fn run(
     notifier: &Notifier,
     ttl: &CacheTtl,
     known: &KnownInodes,
+    absent: &AbsentNames,
     mut stopped: watch::Receiver<bool>,
 ) {
     let runtime = client.runtime().clone();
@@ -183,20 +258,31 @@ fn run(
             match batch {
                 Ok(batch) => {
                     pause = RETRY_PAUSE;
+                    let names_changed =
+                        batch.changes.iter().any(|change| matches!(change, Change::Entry { .. }));
+                    if names_changed || !batch.complete {
+                        absent.hearing_names();
+                    }
                     if !batch.complete && cursor.is_some() {
                         ttl.deaf();
                         // Whatever was missed, every inode's attributes are asked for again:
                         // a name whose inode is gone then fails with ESTALE, and the kernel
                         // looks it up afresh. A name rebound to another live inode stays
-                        // until its timeout.
+                        // until its timeout. Names cached as absent are all dropped.
                         let inodes = known.all();
+                        let names = absent.take();
                         tracing::warn!(
                             inodes = inodes.len(),
+                            absent_names = names.len(),
                             "missed changes of other clients (the metadata service restarted, \
-                             or this mount fell behind): dropping every cached attribute"
+                             or this mount fell behind): dropping every cached attribute and \
+                             every name cached as absent"
                         );
                         for ino in inodes {
                             drop_cached_attrs(Some(notifier), ino);
+                        }
+                        for (parent, name) in names {
+                            apply(notifier, &Change::Entry { parent, name: name.into() });
                         }
                     }
                     for change in &batch.changes {
@@ -258,15 +344,50 @@ mod tests {
     }
 
     #[test]
+    fn absent_names_are_kept_until_a_gap_and_not_across_changes() {
+        let absent = AbsentNames::default();
+        let long = Duration::from_secs(30);
+        let heard = absent.heard();
+        assert!(absent.record(1, b"a", long, heard));
+        assert!(absent.record(1, b"gone", Duration::ZERO, heard));
+        // A lookup that crossed a change to names is not cached.
+        absent.hearing_names();
+        assert!(!absent.record(1, b"b", long, heard));
+        assert!(absent.record(1, b"b", long, absent.heard()));
+        let mut names = absent.take();
+        names.sort();
+        assert_eq!(names, vec![(1, b"a"[..].into()), (1, b"b"[..].into())], "not the run-out one");
+        assert!(absent.take().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_full_record_of_absent_names_refuses_more_until_some_run_out() {
+        let absent = AbsentNames::default();
+        let heard = absent.heard();
+        for i in 0..ABSENT_NAMES_MAX - 1 {
+            assert!(absent.record(2, &i.to_le_bytes(), Duration::from_secs(30), heard));
+        }
+        assert!(absent.record(2, b"short", Duration::from_millis(30), heard));
+        assert!(!absent.record(2, b"one more", Duration::from_secs(30), heard), "full");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(absent.record(2, b"one more", Duration::from_secs(30), heard), "one ran out");
+        assert!(!absent.record(2, b"and another", Duration::from_secs(30), heard), "full again");
+        assert_eq!(absent.take().len(), ABSENT_NAMES_MAX);
+    }
+
+    #[test]
     fn the_long_timeout_holds_only_while_hearing() {
         let ttl = CacheTtl::new(Duration::from_millis(50), Duration::from_secs(30));
         assert_eq!(ttl.get(), Duration::from_millis(50));
         ttl.hearing();
         assert_eq!(ttl.get(), Duration::from_millis(50), "not before one short timeout passed");
+        assert_eq!(ttl.watched(), None);
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(ttl.get(), Duration::from_secs(30));
+        assert_eq!(ttl.watched(), Some(Duration::from_secs(30)));
         ttl.deaf();
         assert_eq!(ttl.get(), Duration::from_millis(50));
+        assert_eq!(ttl.watched(), None);
         assert_eq!(ttl.short(), Duration::from_millis(50));
         // A long timeout shorter than the short one is raised to it.
         assert_eq!(

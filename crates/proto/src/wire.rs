@@ -517,7 +517,8 @@ pub struct ChangeCursor {
 /// One namespace change, as a client's caches see it.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum Change {
-    /// The name `name` in `parent` now names something else, or nothing.
+    /// The name `name` in `parent` now names something else, or nothing, or (created) names
+    /// something where it named nothing.
     Entry { parent: Ino, name: Vec<u8> },
     /// The attributes of `ino` (a directory's for a change of its entries) changed.
     Attr { ino: Ino },
@@ -687,12 +688,16 @@ impl MetaRequest {
     }
 
     /// What a successful run of the request changes as other clients' caches see it: the
-    /// names it removes or rebinds, and the attributes of [`MetaRequest::changed_inodes`]. A
-    /// name it adds needs no entry of its own (no client caches a name as absent); its
-    /// directory's attributes change.
+    /// names it adds, removes or rebinds (a mount caches names as absent too), and the
+    /// attributes of [`MetaRequest::changed_inodes`].
     pub fn namespace_changes(&self) -> Vec<Change> {
         let mut changes = match self {
-            MetaRequest::Unlink { parent, name, .. } | MetaRequest::Rmdir { parent, name, .. } => {
+            MetaRequest::Unlink { parent, name, .. }
+            | MetaRequest::Rmdir { parent, name, .. }
+            | MetaRequest::Create { parent, name, .. }
+            | MetaRequest::Mkdir { parent, name, .. }
+            | MetaRequest::Symlink { parent, name, .. }
+            | MetaRequest::Link { new_parent: parent, new_name: name, .. } => {
                 vec![Change::Entry { parent: *parent, name: name.clone() }]
             }
             MetaRequest::Rename { parent, name, new_parent, new_name, .. } => vec![

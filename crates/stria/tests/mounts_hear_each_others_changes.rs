@@ -5,9 +5,12 @@
 //! that does not listen (`--no-watch`) keeps the stale name for its whole timeout, which shows
 //! that the notices, not a timeout, are what the listening mount follows.
 //!
+//! A name one mount found absent, and another then created, shows too: a listening mount lets
+//! its kernel keep absent names, and drops them when another client creates them.
+//!
 //! A mount that hears every change keeps names and attributes for `--attr-ttl-watched` (30 s
 //! by default) instead of `--attr-ttl` (1 s): a stat of a name looked up 1.5 s before costs
-//! the node's mount no request.
+//! the node's mount no request, nor does a second look for a name that is not there.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,6 +26,9 @@ use support::node::{Node, SecondMount, require_fuse, scratch};
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "256M", "--raid", "5"];
 /// An hour: no cached name or attribute runs out while the test runs.
 const HOUR: [&str; 4] = ["--attr-ttl", "3600", "--attr-ttl-watched", "3600"];
+/// An hour once the mount hears every change (one second after it starts to), and a second
+/// before: absent names are kept only for the long timeout.
+const WATCHED_HOUR: [&str; 4] = ["--attr-ttl", "1", "--attr-ttl-watched", "3600"];
 const NOTICE_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits up to [`NOTICE_WAIT`] for `holds` to become true; whether it did.
@@ -70,6 +76,8 @@ fn cache_names(mount: &Path) {
     assert_eq!(std::fs::metadata(mount.join("gone")).unwrap().len(), 12);
     assert!(mount.join("dir/inner").exists());
     assert_eq!(mode(&mount.join("chmodded")), 0o644);
+    assert!(!mount.join("born").exists());
+    assert!(!mount.join("dir/born").exists());
 }
 
 #[test]
@@ -78,12 +86,14 @@ fn a_change_through_one_mount_shows_at_once_in_the_others() {
     let dir = scratch("hear-changes");
     let node = Node::start(&dir, &[&ARGS[..], &HOUR[..]].concat());
     let m1 = node.mount.clone();
-    let listening = SecondMount::start_with(&node, &dir.join("listening"), &HOUR);
+    let listening = SecondMount::start_with(&node, &dir.join("listening"), &WATCHED_HOUR);
     let mut deaf_args = HOUR.to_vec();
     deaf_args.push("--no-watch");
     let deaf = SecondMount::start_with(&node, &dir.join("deaf"), &deaf_args);
     wait_until_listening(&m1, &listening.path);
     wait_until_listening(&listening.path, &m1);
+    // The listening mount's long timeout starts one short timeout after it first heard.
+    std::thread::sleep(Duration::from_millis(1100));
 
     std::fs::write(m1.join("gone"), b"soon removed").unwrap();
     std::fs::create_dir(m1.join("dir")).unwrap();
@@ -94,13 +104,18 @@ fn a_change_through_one_mount_shows_at_once_in_the_others() {
     cache_names(&deaf.path);
 
     std::fs::remove_file(m1.join("gone")).unwrap();
+    std::fs::write(m1.join("dir/born"), b"new").unwrap();
     std::fs::rename(m1.join("dir"), m1.join("moved")).unwrap();
     std::fs::set_permissions(m1.join("chmodded"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::create_dir(m1.join("born")).unwrap();
 
     let l = &listening.path;
     assert!(eventually(|| !l.join("gone").exists()), "the listening mount still has `gone`");
     assert!(eventually(|| !l.join("dir").exists()), "the listening mount still has `dir`");
     assert_eq!(std::fs::read(l.join("moved/inner")).unwrap(), b"x");
+    // Names it had found absent: created meanwhile, they show.
+    assert!(eventually(|| l.join("born").is_dir()), "the listening mount still lacks `born`");
+    assert_eq!(std::fs::read(l.join("moved/born")).unwrap(), b"new");
     assert!(
         eventually(|| mode(&l.join("chmodded")) == 0o600),
         "the listening mount still shows mode {:o}",
@@ -121,6 +136,8 @@ fn a_change_through_one_mount_shows_at_once_in_the_others() {
     assert!(d.join("gone").exists(), "the deaf mount dropped `gone` without a notice");
     assert_eq!(mode(&d.join("chmodded")), 0o644, "the deaf mount saw the chmod");
     assert!(d.join("moved/inner").exists(), "a name it never had cached is looked up");
+    // It never keeps a name as absent (it would not hear it created).
+    assert!(d.join("born").is_dir(), "the deaf mount kept an absent name");
 }
 
 #[test]
@@ -150,4 +167,21 @@ fn a_listening_mount_keeps_names_past_the_short_timeout() {
     }
     let more = requests("lookup") + requests("getattr") - asked;
     assert_eq!(more, 0, "stats 1.5 s after a lookup asked the mount {more} times");
+
+    // A name that is not there is kept as absent: one lookup for many stats...
+    let missing = node.mount.join("not-yet");
+    let lookups = requests("lookup");
+    for _ in 0..10 {
+        assert!(!missing.exists());
+    }
+    let asked = requests("lookup") - lookups;
+    assert_eq!(asked, 1, "10 stats of a missing name asked the mount {asked} times");
+    // ...until another client creates it: the node's mount hears of it, and shows it.
+    let other = SecondMount::start(&node, &dir.join("other"));
+    std::fs::write(other.path.join("not-yet"), b"here").unwrap();
+    assert!(
+        eventually(|| missing.exists()),
+        "the node's mount still hides a name another mount created"
+    );
+    assert_eq!(std::fs::read(&missing).unwrap(), b"here");
 }
