@@ -173,6 +173,10 @@ impl OpenFiles {
         {
             let mut state = inode.state();
             state.opens += 1;
+            // What this client knew of the file's extended attributes holds until the next
+            // open (close-to-open): another client may have set some meanwhile.
+            state.no_xattrs = false;
+            state.no_capability = false;
             state.suidgid |= has_suid(u32::from(attr.perm));
             if state.layout.is_none() {
                 state.layout = attr.layout.clone();
@@ -319,6 +323,18 @@ impl OpenFiles {
     pub fn may_change_mode(&self, ino: Ino) {
         if let Some(inode) = self.inode(ino) {
             let mut state = inode.state();
+            state.suidgid = true;
+            state.xattr_changes += 1;
+        }
+    }
+
+    /// Another client changed the file's attributes: it may have extended attributes or
+    /// set-ID bits this client does not know of.
+    pub fn changed_elsewhere(&self, ino: Ino) {
+        if let Some(inode) = self.inode(ino) {
+            let mut state = inode.state();
+            state.no_xattrs = false;
+            state.no_capability = false;
             state.suidgid = true;
             state.xattr_changes += 1;
         }

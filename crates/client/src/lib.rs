@@ -210,7 +210,9 @@ impl Client {
 
     /// The namespace changes other clients made after `after` (None: from now on), waiting up
     /// to `wait` for one (see `MetaRequest::WatchChanges`). Directory attributes this client
-    /// holds from its own changes (`getattr_within`) are dropped for every directory named.
+    /// holds from its own changes (`getattr_within`) are dropped for every directory named,
+    /// and so is what it knows of the extended attributes and mode of a file open here
+    /// (another client may have given it a capability or set-ID bits a write must drop).
     pub async fn watch_changes(
         &self,
         after: Option<ChangeCursor>,
@@ -222,6 +224,7 @@ impl Client {
                 for change in &batch.changes {
                     if let Change::Attr { ino } = change {
                         self.inner.meta.dirs.forget(*ino);
+                        self.inner.files.changed_elsewhere(*ino);
                     }
                 }
                 Ok(batch)
@@ -252,11 +255,16 @@ impl Client {
         }
         let truncating = set.size.is_some();
         let since = self.inner.files.publishes();
+        let changes_mode = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
         let (attr, old_size) =
             match self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set })? {
                 MetaReply::SetAttr { attr, old_size } => (attr, old_size),
                 other => return Err(unexpected(&other)),
             };
+        if changes_mode {
+            // Again once done: a privilege drop answered meanwhile may predate the change.
+            self.inner.files.may_change_mode(ino);
+        }
         if truncating
             && attr.size < old_size.max(local_size)
             && let Some(layout) = &attr.layout
@@ -501,6 +509,14 @@ impl Client {
         Ok(bytes.len() as u32)
     }
 
+    /// Whether the metadata service knows `DropPrivileges` (one older than it does not): a
+    /// mount leaves privilege drops to the client only then. Asked on the root directory,
+    /// where it drops nothing.
+    pub fn knows_drop_privileges(&self) -> bool {
+        let probe = MetaRequest::DropPrivileges { ino: stria_proto::fs::ROOT_INO, suidgid: false };
+        matches!(self.meta(probe), Ok(MetaReply::Dropped { .. }))
+    }
+
     /// Takes from the file what a write through `fh` must take first, when the kernel leaves
     /// that to the file system (FUSE_HANDLE_KILLPRIV_V2) instead of asking for the file's
     /// capability before every write: its `security.capability`, and set-user-ID and
@@ -509,16 +525,16 @@ impl Client {
     /// here, once per open, and again after a change of its mode, owner or extended
     /// attributes through this client. Another client's change while the file is open here
     /// shows at the next open (close-to-open, as for the capability lookups it replaces).
-    /// True when the service was asked: the file's attributes may have changed.
+    /// True when something was dropped: the file's attributes changed.
     pub fn drop_privileges_for_write(&self, fh: FileHandleId, suidgid: bool) -> FsResult<bool> {
         let file = self.inner.files.get(fh)?;
         let Some(changes) = self.inner.files.privileges_to_drop(file.ino, suidgid) else {
             return Ok(false);
         };
         match self.meta(MetaRequest::DropPrivileges { ino: file.ino, suidgid })? {
-            MetaReply::Attr(attr) => {
+            MetaReply::Dropped { attr, dropped } => {
                 self.inner.files.privileges_dropped(&attr, changes);
-                Ok(true)
+                Ok(dropped)
             }
             other => Err(unexpected(&other)),
         }

@@ -543,8 +543,12 @@ impl Filesystem for StriaFs {
         // Apart, so that a kernel without it (before 5.11) keeps the rest. With it, a write
         // costs one request instead of two: the kernel no longer asks for the file's
         // capability before each one, and the write drops privileges (`write`); chown and
-        // truncate drop them in the metadata service.
-        self.drops_privileges = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        // truncate drop them in the metadata service. Only with a service that knows how.
+        self.drops_privileges = self.client.knows_drop_privileges()
+            && config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        if !self.drops_privileges {
+            tracing::info!("the kernel checks for privileges to drop before each write");
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@
 //! [`MountOptions::watched_attr_ttl`]: crate::MountOptions::watched_attr_ttl
 //! [`MountOptions::attr_ttl`]: crate::MountOptions::attr_ttl
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,24 +145,20 @@ impl KnownInodes {
 /// one of them, since one created meanwhile must not stay hidden for the timeout.
 ///
 /// Bounded: past [`ABSENT_NAMES_MAX`] names still within their timeout, an absent name goes to
-/// the kernel uncached, as a plain ENOENT.
+/// the kernel uncached, as a plain ENOENT. The timeout is always the same long one, so names
+/// run out in the order they came: a queue.
 #[derive(Debug, Default)]
 pub(crate) struct AbsentNames {
-    names: Mutex<AbsentState>,
+    names: Mutex<VecDeque<(Instant, u64, Box<[u8]>)>>,
     /// Bumped by the watcher before it applies changes to names: an answer read before them
     /// must not be cached (it may be the name the change created).
     heard: AtomicU64,
 }
 
-#[derive(Debug, Default)]
-struct AbsentState {
-    until: HashMap<(u64, Box<[u8]>), Instant>,
-    /// When the record is full, the next time any of it runs out: no sweep before.
-    sweep_at: Option<Instant>,
-}
-
 /// Most names [`AbsentNames`] holds (names are at most 255 bytes: at most about 20 MiB).
 const ABSENT_NAMES_MAX: usize = 65_536;
+/// Kept past their timeout for this long, as the kernel's own clock may run out later.
+const ABSENT_MARGIN: Duration = Duration::from_secs(1);
 
 impl AbsentNames {
     /// Where the watcher is: pass it to [`AbsentNames::record`] after the lookup.
@@ -175,21 +171,17 @@ impl AbsentNames {
     /// to names meanwhile, or the record is full.
     pub(crate) fn record(&self, parent: u64, name: &[u8], ttl: Duration, heard: u64) -> bool {
         let now = Instant::now();
-        let mut state = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         if self.heard() != heard {
             return false;
         }
-        if state.until.len() >= ABSENT_NAMES_MAX {
-            if state.sweep_at.is_some_and(|at| now < at) {
-                return false;
-            }
-            state.until.retain(|_, until| *until > now);
-            state.sweep_at = state.until.values().min().copied();
-            if state.until.len() >= ABSENT_NAMES_MAX {
-                return false;
-            }
+        while names.front().is_some_and(|&(until, ..)| until <= now) {
+            names.pop_front();
         }
-        state.until.insert((parent, name.into()), now + ttl);
+        if names.len() >= ABSENT_NAMES_MAX {
+            return false;
+        }
+        names.push_back((now + ttl + ABSENT_MARGIN, parent, name.into()));
         true
     }
 
@@ -201,9 +193,12 @@ impl AbsentNames {
     /// Every name still within its timeout; the record is emptied.
     fn take(&self) -> Vec<(u64, Box<[u8]>)> {
         let now = Instant::now();
-        let mut state = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        state.sweep_at = None;
-        state.until.drain().filter(|(_, until)| *until > now).map(|(name, _)| name).collect()
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names
+            .drain(..)
+            .filter(|&(until, ..)| until > now)
+            .map(|(_, parent, name)| (parent, name))
+            .collect()
     }
 }
 
@@ -349,30 +344,30 @@ mod tests {
         let long = Duration::from_secs(30);
         let heard = absent.heard();
         assert!(absent.record(1, b"a", long, heard));
-        assert!(absent.record(1, b"gone", Duration::ZERO, heard));
         // A lookup that crossed a change to names is not cached.
         absent.hearing_names();
         assert!(!absent.record(1, b"b", long, heard));
         assert!(absent.record(1, b"b", long, absent.heard()));
         let mut names = absent.take();
         names.sort();
-        assert_eq!(names, vec![(1, b"a"[..].into()), (1, b"b"[..].into())], "not the run-out one");
+        assert_eq!(names, vec![(1, b"a"[..].into()), (1, b"b"[..].into())]);
         assert!(absent.take().is_empty(), "taken once");
     }
 
     #[test]
-    fn a_full_record_of_absent_names_refuses_more_until_some_run_out() {
+    fn absent_names_run_out_in_order_and_a_full_record_refuses_more() {
         let absent = AbsentNames::default();
         let heard = absent.heard();
-        for i in 0..ABSENT_NAMES_MAX - 1 {
+        // The margin keeps a name a second past its timeout.
+        assert!(absent.record(2, b"soon", Duration::ZERO, heard));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(absent.take().len(), 1, "still within the margin");
+        for i in 0..ABSENT_NAMES_MAX {
             assert!(absent.record(2, &i.to_le_bytes(), Duration::from_secs(30), heard));
         }
-        assert!(absent.record(2, b"short", Duration::from_millis(30), heard));
         assert!(!absent.record(2, b"one more", Duration::from_secs(30), heard), "full");
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(absent.record(2, b"one more", Duration::from_secs(30), heard), "one ran out");
-        assert!(!absent.record(2, b"and another", Duration::from_secs(30), heard), "full again");
         assert_eq!(absent.take().len(), ABSENT_NAMES_MAX);
+        assert!(absent.record(2, b"one more", Duration::from_secs(30), heard), "emptied");
     }
 
     #[test]

@@ -142,8 +142,9 @@ impl Meta {
 
     /// Takes from a regular file what a write must: its capabilities, and set-user-ID and
     /// set-group-ID when `suidgid` (see [`stria_proto::wire::MetaRequest::DropPrivileges`]).
-    /// Changes nothing, and commits nothing, when there is nothing to take.
-    pub fn drop_privileges(&self, ino: Ino, suidgid: bool) -> Result<Attr> {
+    /// Changes nothing, and commits nothing, when there is nothing to take. The attributes
+    /// after, and whether anything was taken.
+    pub fn drop_privileges(&self, ino: Ino, suidgid: bool) -> Result<(Attr, bool)> {
         let something = |rx_has_capability: bool, rec: &Inode| {
             rec.kind == FileKind::File && (rx_has_capability || suidgid && has_suid(rec.mode))
         };
@@ -153,24 +154,25 @@ impl Meta {
             Ok((rec.attr(ino), something(capability, &rec)))
         })?;
         if !needed {
-            return Ok(attr);
+            return Ok((attr, false));
         }
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
             if rec.kind != FileKind::File {
-                return Ok(rec.attr(ino));
+                return Ok((rec.attr(ino), false));
             }
             let before = rec.clone();
             let dropped = tx.remove_xattr(ino, CAPABILITY_XATTR)?;
             if suidgid {
                 kill_suid(&mut rec);
             }
-            if dropped || rec.mode != before.mode {
+            let dropped = dropped || rec.mode != before.mode;
+            if dropped {
                 rec.ctime = self.now();
                 tx.account(Some(&before), Some(&rec));
                 tx.put_inode(ino, &rec)?;
             }
-            Ok(rec.attr(ino))
+            Ok((rec.attr(ino), dropped))
         })
     }
 

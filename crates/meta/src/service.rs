@@ -365,7 +365,11 @@ impl MetaService {
                 MetaReply::Done
             }
             MetaRequest::DropPrivileges { ino, suidgid } => {
-                self.attr(meta.drop_privileges(ino, suidgid)?)?
+                let (attr, dropped) = meta.drop_privileges(ino, suidgid)?;
+                if dropped {
+                    changes.push(wire::Change::Attr { ino });
+                }
+                MetaReply::Dropped { attr: self.wire_attr(attr), dropped }
             }
             MetaRequest::StatFs => {
                 let (total, free) = (self.capacity)();

@@ -317,22 +317,26 @@ fn writes_chowns_and_truncates_drop_privileges() {
     m.setxattr(f.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
     m.setxattr(f.ino, b"user.k", b"v", XattrFlags::Any, &root()).expect("set user xattr");
     // A writer with CAP_FSETID: the capability goes, set-ID bits stay.
-    let kept = m.drop_privileges(f.ino, false).expect("drop");
+    let (kept, dropped) = m.drop_privileges(f.ino, false).expect("drop");
+    assert!(dropped);
     assert_eq!(kept.mode, 0o6775);
     assert_eq!(status(m.getxattr(f.ino, cap, &root())), FsStatus::NoData);
     assert_eq!(m.getxattr(f.ino, b"user.k", &root()).expect("other xattrs stay"), b"v");
     assert!(kept.ctime > f.ctime, "a drop is a change");
     // Nothing left to drop for such a writer: nothing changes, not even ctime.
-    assert_eq!(m.drop_privileges(f.ino, false).expect("again").ctime, kept.ctime);
+    let (again, dropped) = m.drop_privileges(f.ino, false).expect("again");
+    assert_eq!((again.ctime, dropped), (kept.ctime, false));
     // A writer without it: setuid, and setgid (group execute is set), go too.
-    assert_eq!(m.drop_privileges(f.ino, true).expect("drop").mode, 0o775);
+    assert_eq!(m.drop_privileges(f.ino, true).expect("drop"), (m.getattr(f.ino).unwrap(), true));
+    assert_eq!(m.getattr(f.ino).expect("f").mode, 0o775);
     // Without group execute, setgid marks mandatory locking and stays.
     let g = m.create(ROOT_INO, b"g", 0o2764, &root()).expect("create");
-    assert_eq!(m.drop_privileges(g.ino, true).expect("drop").mode, 0o2764);
+    assert_eq!(m.drop_privileges(g.ino, true).expect("drop").0.mode, 0o2764);
     // Directories keep theirs.
     let d = m.mkdir(ROOT_INO, b"d", 0o2775, &root()).expect("mkdir");
     m.setxattr(d.ino, cap, b"caps", XattrFlags::Any, &root()).expect("set capability");
-    assert_eq!(m.drop_privileges(d.ino, true).expect("drop").mode, 0o2775);
+    assert_eq!(m.drop_privileges(d.ino, true).expect("drop"), (m.getattr(d.ino).unwrap(), false));
+    assert_eq!(m.getattr(d.ino).expect("d").mode, 0o2775);
     assert_eq!(m.getxattr(d.ino, cap, &root()).expect("a directory keeps it"), b"caps");
     // chown and truncate drop the capability whoever asks; a truncate by someone other than
     // root drops set-ID bits even when the size stays.

@@ -494,7 +494,7 @@ pub enum MetaRequest {
     /// `suidgid` (the writer may not keep them: it lacks CAP_FSETID). A mount sends it when
     /// the kernel leaves this to the file system (FUSE_HANDLE_KILLPRIV_V2) instead of asking
     /// for the capability before every write. The writer opened the file for writing, so no
-    /// permission is checked: it only ever takes away. `Attr`, the attributes after.
+    /// permission is checked: it only ever takes away. `Dropped`.
     DropPrivileges {
         ino: Ino,
         suidgid: bool,
@@ -636,8 +636,7 @@ impl MetaRequest {
             | MetaRequest::SetXattr { ino, .. }
             | MetaRequest::RemoveXattr { ino, .. }
             | MetaRequest::SetFileLayout { ino, .. }
-            | MetaRequest::SetLayoutPolicy { ino, .. }
-            | MetaRequest::DropPrivileges { ino, .. } => vec![*ino],
+            | MetaRequest::SetLayoutPolicy { ino, .. } => vec![*ino],
             MetaRequest::Create { parent, .. }
             | MetaRequest::Mkdir { parent, .. }
             | MetaRequest::Symlink { parent, .. }
@@ -669,7 +668,9 @@ impl MetaRequest {
             | MetaRequest::ListClients
             | MetaRequest::ExpireClients
             | MetaRequest::Reclaim { .. }
-            | MetaRequest::WatchChanges { .. } => Vec::new(),
+            | MetaRequest::WatchChanges { .. }
+            // Only when something was dropped (the service notes it then).
+            | MetaRequest::DropPrivileges { .. } => Vec::new(),
         }
     }
 
@@ -856,6 +857,11 @@ pub enum MetaReply {
         parent: Attr,
     },
     Changes(ChangeBatch),
+    /// `DropPrivileges`: the attributes after, and whether anything was dropped.
+    Dropped {
+        attr: Attr,
+        dropped: bool,
+    },
 }
 
 /// Most entries per ranking an [`MetaRequest::Analytics`] may ask for.

@@ -2622,8 +2622,9 @@ fn write_kills_suid_setup(d: &Path, _: &Ids) -> CaseResult {
     mk_file(&d.join("g"), b"data", 0, 0, 0o2777)?;
     mk_file(&d.join("lock"), b"data", 0, 0, 0o2767)?;
     mk_file(&d.join("t"), b"data", 0, 0, 0o6777)?;
+    mk_file(&d.join("same"), b"data", 0, 0, 0o4777)?;
     // Looked at before the writes, so that the kernel holds the old modes.
-    for name in ["u", "g", "lock", "t"] {
+    for name in ["u", "g", "lock", "t", "same"] {
         ok("stat fixture", stat_(&d.join(name)))?;
     }
     Ok(())
@@ -2656,6 +2657,15 @@ fn write_kills_suid_check(d: &Path, _: &Ids) -> CaseResult {
     ok("ftruncate", ftruncate_(&fd, 2))?;
     drop(fd);
     ensure_mode!(ok("statx", mode_only_(&d.join("t")))? & 0o7777, 0o777, "mode after truncate");
+    // A truncate to the size the file has clears them too.
+    let fd = ok("open for truncate", open_(&d.join("same"), libc::O_WRONLY, 0))?;
+    ok("ftruncate to the same size", ftruncate_(&fd, 4))?;
+    drop(fd);
+    ensure_mode!(
+        ok("stat", stat_(&d.join("same")))?.st_mode & 0o7777,
+        0o777,
+        "mode after a truncate to the same size"
+    );
     Ok(())
 }
 
