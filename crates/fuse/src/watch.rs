@@ -149,11 +149,14 @@ impl KnownInodes {
 /// run out in the order they came: a queue.
 #[derive(Debug, Default)]
 pub(crate) struct AbsentNames {
-    names: Mutex<VecDeque<(Instant, u64, Box<[u8]>)>>,
+    names: Mutex<VecDeque<AbsentName>>,
     /// Bumped by the watcher before it applies changes to names: an answer read before them
     /// must not be cached (it may be the name the change created).
     heard: AtomicU64,
 }
+
+/// Until when (the kernel's timeout and a margin), the directory, the name.
+type AbsentName = (Instant, u64, Box<[u8]>);
 
 /// Most names [`AbsentNames`] holds (names are at most 255 bytes: at most about 20 MiB).
 const ABSENT_NAMES_MAX: usize = 65_536;
