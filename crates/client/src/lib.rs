@@ -250,12 +250,12 @@ impl Client {
             }
             self.inner.files.before_truncate(ino, size);
         }
-        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+        let changes_mode = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
+        if changes_mode {
             self.inner.files.may_change_mode(ino);
         }
         let truncating = set.size.is_some();
         let since = self.inner.files.publishes();
-        let changes_mode = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
         let (attr, old_size) =
             match self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set })? {
                 MetaReply::SetAttr { attr, old_size } => (attr, old_size),
@@ -523,9 +523,9 @@ impl Client {
     /// set-group-ID when `suidgid` (the writer lacks CAP_FSETID). The metadata service is
     /// asked only while the open file may have one of them: for a file opened (not created)
     /// here, once per open, and again after a change of its mode, owner or extended
-    /// attributes through this client. Another client's change while the file is open here
-    /// shows at the next open (close-to-open, as for the capability lookups it replaces).
-    /// True when something was dropped: the file's attributes changed.
+    /// attributes through this client, or one by another client that the mount's watcher
+    /// heard of (`Client::watch_changes`). True when something was dropped: the file's
+    /// attributes changed.
     pub fn drop_privileges_for_write(&self, fh: FileHandleId, suidgid: bool) -> FsResult<bool> {
         let file = self.inner.files.get(fh)?;
         let Some(changes) = self.inner.files.privileges_to_drop(file.ino, suidgid) else {

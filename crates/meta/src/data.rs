@@ -145,13 +145,13 @@ impl Meta {
     /// Changes nothing, and commits nothing, when there is nothing to take. The attributes
     /// after, and whether anything was taken.
     pub fn drop_privileges(&self, ino: Ino, suidgid: bool) -> Result<(Attr, bool)> {
-        let something = |rx_has_capability: bool, rec: &Inode| {
-            rec.kind == FileKind::File && (rx_has_capability || suidgid && has_suid(rec.mode))
-        };
+        // Read first: most writes find nothing to drop, and a read takes no write lock.
         let (attr, needed) = self.read(|rx| {
             let rec = rx.inode(ino)?;
             let capability = rx.xattrs()?.get((ino, CAPABILITY_XATTR))?.is_some();
-            Ok((rec.attr(ino), something(capability, &rec)))
+            let needed =
+                rec.kind == FileKind::File && (capability || suidgid && has_suid(rec.mode));
+            Ok((rec.attr(ino), needed))
         })?;
         if !needed {
             return Ok((attr, false));
