@@ -112,6 +112,26 @@ impl InodeData {
     pub fn state(&self) -> MutexGuard<'_, InodeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Whether a write to the open file must first ask the metadata service to drop
+    /// privileges (see `Client::drop_privileges_for_write`): it may have a capability, or
+    /// `suidgid` and its mode may have set-ID bits. When it must, the count of changes made
+    /// here so far, for [`InodeData::privileges_dropped`].
+    pub fn privileges_to_drop(&self, suidgid: bool) -> Option<u64> {
+        let state = self.state();
+        let capability = !(state.no_xattrs || state.no_capability);
+        (capability || suidgid && state.suidgid).then_some(state.xattr_changes)
+    }
+
+    /// The metadata service dropped the file's privileges, after `changes` changes made here,
+    /// and answered `attr`: kept if no change was made here since.
+    pub fn privileges_dropped(&self, attr: &Attr, changes: u64) {
+        let mut state = self.state();
+        if state.xattr_changes == changes {
+            state.no_capability = true;
+            state.suidgid = has_suid(u32::from(attr.perm));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -337,29 +357,6 @@ impl OpenFiles {
             state.no_capability = false;
             state.suidgid = true;
             state.xattr_changes += 1;
-        }
-    }
-
-    /// Whether a write to the open file must first ask the metadata service to drop
-    /// privileges (see `Client::drop_privileges_for_write`): it may have a capability, or
-    /// `suidgid` and its mode may have set-ID bits. When it must, the count of changes made
-    /// here so far, for [`OpenFiles::privileges_dropped`].
-    pub fn privileges_to_drop(&self, ino: Ino, suidgid: bool) -> Option<u64> {
-        let inode = self.inode(ino)?;
-        let state = inode.state();
-        let capability = !(state.no_xattrs || state.no_capability);
-        (capability || suidgid && state.suidgid).then_some(state.xattr_changes)
-    }
-
-    /// The metadata service dropped the file's privileges, after `changes` changes made here,
-    /// and answered `attr`: kept if no change was made here since.
-    pub fn privileges_dropped(&self, attr: &Attr, changes: u64) {
-        if let Some(inode) = self.inode(attr.ino) {
-            let mut state = inode.state();
-            if state.xattr_changes == changes {
-                state.no_capability = true;
-                state.suidgid = has_suid(u32::from(attr.perm));
-            }
         }
     }
 

@@ -528,12 +528,12 @@ impl Client {
     /// attributes changed.
     pub fn drop_privileges_for_write(&self, fh: FileHandleId, suidgid: bool) -> FsResult<bool> {
         let file = self.inner.files.get(fh)?;
-        let Some(changes) = self.inner.files.privileges_to_drop(file.ino, suidgid) else {
+        let Some(changes) = file.inode.privileges_to_drop(suidgid) else {
             return Ok(false);
         };
         match self.meta(MetaRequest::DropPrivileges { ino: file.ino, suidgid })? {
             MetaReply::Dropped { attr, dropped } => {
-                self.inner.files.privileges_dropped(&attr, changes);
+                file.inode.privileges_dropped(&attr, changes);
                 Ok(dropped)
             }
             other => Err(unexpected(&other)),

@@ -7,9 +7,10 @@
 //! Caching: attributes and entries are cached by the kernel for
 //! [`MountOptions::watched_attr_ttl`] while the mount hears every change other clients make
 //! (the `watch` module drops what they changed from the kernel's caches), for
-//! [`MountOptions::attr_ttl`] otherwise; the page cache is kept across opens of a file no other client changed meanwhile
-//! (close-to-open: an open that finds the file changed drops the kernel's pages and cached
-//! attributes), and the kernel's writeback cache gathers small writes into large ones.
+//! [`MountOptions::attr_ttl`] otherwise; the page cache is kept across opens of a file no
+//! other client changed meanwhile (close-to-open: an open that finds the file changed drops
+//! the kernel's pages and cached attributes), and the kernel's writeback cache gathers small
+//! writes into large ones.
 
 mod caller;
 mod convert;

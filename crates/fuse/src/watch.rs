@@ -280,7 +280,7 @@ fn run(
                             drop_cached_attrs(Some(notifier), ino);
                         }
                         for (parent, name) in names {
-                            apply(notifier, &Change::Entry { parent, name: name.into() });
+                            drop_cached_name(notifier, parent, &name);
                         }
                     }
                     for change in &batch.changes {
@@ -303,17 +303,21 @@ fn run(
     });
 }
 
-/// Makes the kernel drop what it cached of one change. A name it did not cache is no error.
+/// Makes the kernel drop what it cached of one change.
 fn apply(notifier: &Notifier, change: &Change) {
     match change {
-        Change::Entry { parent, name } => {
-            if let Err(e) = notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name))
-                && e.raw_os_error() != Some(libc::ENOENT)
-            {
-                tracing::debug!(parent, error = %e, "invalidating a cached name");
-            }
-        }
+        Change::Entry { parent, name } => drop_cached_name(notifier, *parent, name),
         Change::Attr { ino } => drop_cached_attrs(Some(notifier), *ino),
+    }
+}
+
+/// Makes the kernel drop `name` in `parent`, present or absent. A name it did not cache is no
+/// error.
+fn drop_cached_name(notifier: &Notifier, parent: u64, name: &[u8]) {
+    if let Err(e) = notifier.inval_entry(INodeNo(parent), OsStr::from_bytes(name))
+        && e.raw_os_error() != Some(libc::ENOENT)
+    {
+        tracing::debug!(parent, error = %e, "invalidating a cached name");
     }
 }
 

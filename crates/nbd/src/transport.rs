@@ -4,9 +4,8 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rustls::server::TlsStream;
 
 pub(crate) enum Transport {
@@ -15,36 +14,6 @@ pub(crate) enum Transport {
     /// An in-memory pipe ([`crate::Server::serve_in_memory`]): tests and fuzzing drive the
     /// real protocol code without sockets. `NBD_OPT_STARTTLS` is refused on it.
     Memory(tokio::io::DuplexStream),
-}
-
-impl Transport {
-    /// The receiving and the sending side, to be driven by two tasks at once. Plain TCP splits
-    /// into halves that share nothing; a TLS session (one state for both directions) and the
-    /// in-memory pipe split around a lock, which a read waits on while a write is under way.
-    pub(crate) fn split(self) -> (TransportReader, TransportWriter) {
-        match self {
-            Transport::Plain(s) => {
-                let (r, w) = s.into_split();
-                (TransportReader::Plain(r), TransportWriter::Plain(w))
-            }
-            shared => {
-                let (r, w) = tokio::io::split(shared);
-                (TransportReader::Shared(r), TransportWriter::Shared(w))
-            }
-        }
-    }
-}
-
-/// The receiving side of a [`Transport`].
-pub(crate) enum TransportReader {
-    Plain(OwnedReadHalf),
-    Shared(ReadHalf<Transport>),
-}
-
-/// The sending side of a [`Transport`].
-pub(crate) enum TransportWriter {
-    Plain(OwnedWriteHalf),
-    Shared(WriteHalf<Transport>),
 }
 
 impl std::fmt::Debug for Transport {
@@ -57,69 +26,66 @@ impl std::fmt::Debug for Transport {
     }
 }
 
-/// Implements `AsyncRead` for an enum whose every variant holds a reader, by delegation.
-macro_rules! delegate_read {
-    ($ty:ident: $($variant:ident),+) => {
-        impl AsyncRead for $ty {
-            fn poll_read(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &mut ReadBuf<'_>,
-            ) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $($ty::$variant(s) => Pin::new(s).poll_read(cx, buf),)+
-                }
-            }
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
-    };
+    }
 }
 
-/// Implements `AsyncWrite` for an enum whose every variant holds a writer, by delegation.
-macro_rules! delegate_write {
-    ($ty:ident: $($variant:ident),+) => {
-        impl AsyncWrite for $ty {
-            fn poll_write(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &[u8],
-            ) -> Poll<io::Result<usize>> {
-                match self.get_mut() {
-                    $($ty::$variant(s) => Pin::new(s).poll_write(cx, buf),)+
-                }
-            }
-
-            fn poll_write_vectored(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                bufs: &[io::IoSlice<'_>],
-            ) -> Poll<io::Result<usize>> {
-                match self.get_mut() {
-                    $($ty::$variant(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
-                }
-            }
-
-            fn is_write_vectored(&self) -> bool {
-                match self {
-                    $($ty::$variant(s) => s.is_write_vectored(),)+
-                }
-            }
-
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $($ty::$variant(s) => Pin::new(s).poll_flush(cx),)+
-                }
-            }
-
-            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                match self.get_mut() {
-                    $($ty::$variant(s) => Pin::new(s).poll_shutdown(cx),)+
-                }
-            }
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
-    };
-}
+    }
 
-delegate_read!(Transport: Plain, Tls, Memory);
-delegate_write!(Transport: Plain, Tls, Memory);
-delegate_read!(TransportReader: Plain, Shared);
-delegate_write!(TransportWriter: Plain, Shared);
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Transport::Plain(s) => s.is_write_vectored(),
+            Transport::Tls(s) => s.is_write_vectored(),
+            Transport::Memory(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
