@@ -4,8 +4,13 @@
 //! Blocks freed by a commit that is not yet durable go to a pending list, not to the free map:
 //! the durable chunk map may still point at them, and overwriting them before the next durable
 //! commit could let a crash bring back a map that names overwritten data.
+//!
+//! A block may be named by several records (clones, `shares.rs`): releasing it drops one
+//! reference, and only a block whose last reference went is parked.
 
 use std::collections::BTreeMap;
+
+use crate::shares::{Shares, overlay};
 
 /// A run of physical blocks: `(first block, block count)`.
 pub(crate) type Run = (u64, u64);
@@ -25,17 +30,20 @@ pub(crate) struct Allocator {
     stripe_cursor: u64,
     /// Set when a search found no wholly free stripe; cleared when blocks are freed.
     no_free_stripe: bool,
+    /// Blocks named by more than one record, with their extra references.
+    shares: Shares,
 }
 
 impl Allocator {
-    /// Everything in `[start, end)` is free except the `used` runs, which must not overlap.
+    /// Everything in `[start, end)` is free except the blocks the `used` runs name; a block
+    /// named by `k` runs (records that share it) has `k - 1` extra references.
     pub(crate) fn with_used(
         start: u64,
         end: u64,
         stripe_blocks: u64,
-        mut used: Vec<Run>,
+        used: Vec<Run>,
     ) -> Result<Allocator, String> {
-        used.sort_unstable();
+        let (used, shares) = overlay(&used);
         let mut a = Allocator {
             free: BTreeMap::new(),
             free_blocks: 0,
@@ -44,12 +52,13 @@ impl Allocator {
             stripe_blocks: stripe_blocks.max(1),
             stripe_cursor: 0,
             no_free_stripe: false,
+            shares,
         };
         let mut at = start;
         for (s, n) in used {
-            if s < at || s + n > end {
+            if s < start || s + n > end {
                 return Err(format!(
-                    "blocks {s}..{} are used twice or lie outside the data area {start}..{end}",
+                    "blocks {s}..{} lie outside the data area {start}..{end}",
                     s + n
                 ));
             }
@@ -70,6 +79,29 @@ impl Allocator {
 
     pub(crate) fn pending_blocks(&self) -> u64 {
         self.pending_blocks
+    }
+
+    /// Blocks named by more than one record.
+    pub(crate) fn shared_blocks(&self) -> u64 {
+        self.shares.shared_blocks()
+    }
+
+    /// One more reference to each block of `runs` (allocated blocks a new record names too).
+    pub(crate) fn share(&mut self, runs: &[Run]) {
+        for &run in runs {
+            self.shares.add(run);
+        }
+    }
+
+    /// Takes back references [`Allocator::share`] added for a record that was never
+    /// committed. A block whose other record let go of it meanwhile is named by nothing now
+    /// but stays taken until the target is reopened (rebuilt from the map): leaking it is
+    /// safe, and this follows only a failed commit.
+    pub(crate) fn unshare(&mut self, runs: &[Run]) {
+        let mut unreferenced = Vec::new();
+        for &run in runs {
+            self.shares.remove(run, &mut unreferenced);
+        }
     }
 
     /// Takes `n` blocks, as few runs as it can: a stripe-aligned run for writes of a stripe or
@@ -156,8 +188,18 @@ impl Allocator {
         }
     }
 
-    /// Parks blocks a non-durable commit stopped using, until the next durable commit.
-    pub(crate) fn defer(&mut self, runs: &[Run]) {
+    /// Drops a reference to each block of `runs`, which a non-durable commit stopped naming;
+    /// those left unnamed are parked until the next durable commit. Returns the parked runs.
+    pub(crate) fn defer(&mut self, runs: &[Run]) -> Vec<Run> {
+        let mut unreferenced = Vec::new();
+        for &run in runs {
+            self.shares.remove(run, &mut unreferenced);
+        }
+        self.park(&unreferenced);
+        unreferenced
+    }
+
+    fn park(&mut self, runs: &[Run]) {
         for &(s, n) in runs {
             self.pending.push((s, n));
             self.pending_blocks += n;
@@ -172,7 +214,7 @@ impl Allocator {
 
     /// Puts back pending runs whose durable commit failed.
     pub(crate) fn restore_pending(&mut self, runs: Vec<Run>) {
-        self.defer(&runs);
+        self.park(&runs);
     }
 
     /// Removes `[at, at+n)`, which must lie inside one free run.
@@ -281,8 +323,23 @@ mod tests {
     }
 
     #[test]
-    fn rejects_overlapping_used_runs() {
-        assert!(Allocator::with_used(0, 10, 1, vec![(1, 3), (2, 1)]).is_err());
+    fn rejects_used_runs_outside_the_data_area() {
         assert!(Allocator::with_used(0, 10, 1, vec![(8, 3)]).is_err());
+        assert!(Allocator::with_used(2, 10, 1, vec![(1, 2)]).is_err());
+    }
+
+    #[test]
+    fn shared_blocks_are_parked_only_when_their_last_reference_goes() {
+        // Blocks 2..4 are named by two records.
+        let mut a = Allocator::with_used(0, 8, 1, vec![(0, 4), (2, 2)]).expect("valid");
+        assert_eq!((a.free_blocks(), a.shared_blocks()), (4, 2));
+        assert_eq!(a.defer(&[(0, 4)]), vec![(0, 2)], "2..4 keep a reference");
+        assert_eq!((a.pending_blocks(), a.shared_blocks()), (2, 0));
+        a.share(&[(2, 2)]);
+        a.unshare(&[(2, 2)]);
+        assert_eq!(a.defer(&[(2, 2)]), vec![(2, 2)], "the last reference");
+        let pending = a.take_pending();
+        a.release(&pending);
+        assert_eq!(a.free_blocks(), 8);
     }
 }

@@ -837,6 +837,73 @@ impl Engine {
         Ok(removed)
     }
 
+    /// Makes `dest` a copy of `source` as it is now, sharing its blocks: each chunk record of
+    /// `source` is copied under `dest`, and every block gains a reference instead of being
+    /// copied (writes are copy-on-write, so a later write to either object takes new blocks
+    /// and leaves the other as it was). The copy is durable when this returns. `dest` must have
+    /// no chunks. Returns the number of chunks copied.
+    ///
+    /// Writes to `source` on this target wait while its records are copied, so the copy is of
+    /// one instant here; an instant across targets is the caller's to arrange.
+    pub fn clone_object(&self, source: ObjectId, dest: ObjectId) -> Result<u64, EngineError> {
+        self.committer.check()?;
+        if source == dest {
+            return Err(EngineError::Invalid(format!("cannot clone object {source} onto itself")));
+        }
+        if !self.list_chunks(dest)?.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "cannot clone into object {dest}: it has chunks already"
+            )));
+        }
+        let sources: Vec<ChunkId> = self
+            .list_chunks(source)?
+            .into_iter()
+            .map(|(index, _)| ChunkId { object: source, index })
+            .collect();
+        // Every chunk's lock, both objects', taken in stripe order as in remove_objects.
+        let mut stripes: Vec<usize> = sources
+            .iter()
+            .flat_map(|&c| [c, ChunkId { object: dest, index: c.index }])
+            .map(Self::lock_index)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let exclusive: Vec<_> = stripes
+            .iter()
+            .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut copies = Vec::new();
+        let mut shared = Vec::new();
+        for &chunk in &sources {
+            if let Some(rec) = self.load_record(chunk)? {
+                shared.extend(rec.physical_runs());
+                copies.push((ChunkId { object: dest, index: chunk.index }, rec));
+            }
+        }
+        // The references are taken before the records exist: a block the source lets go of
+        // in between is then still counted for the copy.
+        lock(&self.alloc).share(&shared);
+        let changes = copies.iter().map(|(chunk, rec)| (key(*chunk), Some(rec.clone()))).collect();
+        if let Err(e) = self.committer.commit_all(&self.db, changes) {
+            lock(&self.alloc).unshare(&shared);
+            return Err(e);
+        }
+        for (chunk, rec) in copies.iter() {
+            self.records.put(Self::lock_index(*chunk), *chunk, rec.clone());
+        }
+        let copied = copies.len() as u64;
+        self.chunks.fetch_add(copied, Ordering::Relaxed);
+        drop(exclusive);
+        self.sync()?;
+        tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
+        Ok(copied)
+    }
+
+    /// Blocks named by more than one chunk record (clones).
+    pub fn shared_bytes(&self) -> u64 {
+        lock(&self.alloc).shared_blocks() * BLOCK as u64
+    }
+
     /// The chunks of `object` on this target: (chunk index, length in bytes), by index.
     pub fn list_chunks(&self, object: ObjectId) -> Result<Vec<(u64, u32)>, EngineError> {
         let chunks = self.chunks_in((object.0, 0)..=(object.0, u64::MAX))?;
@@ -1073,13 +1140,14 @@ impl Engine {
         Ok(retired)
     }
 
-    /// Parks blocks no committed record names any more until the next durable commit, and
-    /// drops their read-cache entries, which no read can ask for again.
+    /// Drops a reference to each block of `runs`; those no committed record names any more
+    /// are parked until the next durable commit, and their read-cache entries dropped (no
+    /// read can ask for them again).
     fn release_later(&self, runs: &[Run]) {
-        for &(start, n) in runs {
+        let parked = lock(&self.alloc).defer(runs);
+        for (start, n) in parked {
             self.cache.invalidate(start, n);
         }
-        lock(&self.alloc).defer(runs);
     }
 
     fn write_runs(&self, runs: &[Run], data: &[u8]) -> Result<(), EngineError> {

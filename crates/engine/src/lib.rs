@@ -8,7 +8,7 @@
 //!
 //! - **Array**: block 0 is the engine superblock (target id, engine uuid, array uuid, data area
 //!   bounds, CRC32C); the rest of the first RAID stripe is reserved; every later 4 KiB block is
-//!   data, owned by at most one chunk.
+//!   data, named by one chunk, or by several after a clone ([`Engine::clone_object`]).
 //! - **Chunk map** (redb file `chunkmap.redb` in the caller's directory): table `chunks`,
 //!   `(object, index) -> record` (length, extents logical -> physical, one CRC32C per block),
 //!   and table `meta` with the identity that must match the superblock.
@@ -32,6 +32,7 @@ mod packer;
 #[doc(hidden)]
 pub mod record;
 mod records;
+mod shares;
 // Public only so the fuzz targets (crates/fuzzing) can reach the decoder; not an API.
 #[doc(hidden)]
 pub mod superblock;

@@ -1,0 +1,109 @@
+//! `clone_object`: the copy names the source's blocks instead of copying them, reads the same
+//! bytes, and stays as it was while the source is written, punched, truncated and removed
+//! (copy-on-write); blocks come back only when the last record naming them goes, also after
+//! the map is reopened (the references are rebuilt from it).
+
+mod common;
+
+use common::*;
+use stria_engine::Engine;
+use stria_proto::fs::{ObjectId, TargetId};
+
+/// Chunk index -> expected bytes of one object.
+type Model = Vec<Vec<u8>>;
+
+fn check(engine: &Engine, object: u64, model: &Model, what: &str) {
+    let chunks = engine.list_chunks(ObjectId(object)).expect("list");
+    assert_eq!(chunks.len(), model.len(), "{what}: chunk count");
+    for (index, want) in model.iter().enumerate() {
+        let got = engine.read(chunk(object, index as u64), 0, 1 << 20).expect("read");
+        assert!(got == *want, "{what}: chunk {index} ({} bytes, want {})", got.len(), want.len());
+    }
+}
+
+#[test]
+fn a_clone_keeps_its_bytes_while_the_source_changes_and_goes() {
+    let (_drives, array) = raid5(32);
+    let dir = temp_dir("clone");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    let empty = engine.space().used_bytes;
+    let mut rng = Rng::new(7);
+    // Object 1: small packed chunks and large ones.
+    let mut source: Model = Vec::new();
+    for index in 0..6u64 {
+        let len = if index % 2 == 0 { 9_000 } else { 400_000 };
+        let bytes = rng.bytes(len);
+        engine.write(chunk(1, index), 0, &bytes, None).expect("write");
+        source.push(bytes);
+    }
+    engine.sync().expect("sync");
+    let used = engine.space().used_bytes;
+
+    assert_eq!(engine.clone_object(ObjectId(1), ObjectId(2)).expect("clone"), 6);
+    let snapshot = source.clone();
+    check(&engine, 2, &snapshot, "the clone right after");
+    assert_eq!(engine.space().used_bytes, used, "a clone takes no data blocks");
+    assert_eq!(engine.shared_bytes(), used - empty, "every block of object 1 is shared");
+
+    // The source changes: overwrites, a punch, a truncate.
+    for index in 0..6u64 {
+        let at = rng.below(8_000) as usize;
+        let len = 1 + rng.below(20_000) as usize;
+        let bytes = rng.bytes(len);
+        engine.write(chunk(1, index), at as u32, &bytes, None).expect("overwrite");
+        let model = &mut source[index as usize];
+        if model.len() < at + bytes.len() {
+            model.resize(at + bytes.len(), 0);
+        }
+        model[at..at + bytes.len()].copy_from_slice(&bytes);
+    }
+    engine.punch(chunk(1, 1), 4096, 8192).expect("punch");
+    source[1][4096..4096 + 8192].fill(0);
+    engine.truncate(chunk(1, 3), 5000).expect("truncate");
+    source[3].truncate(5000);
+    engine.sync().expect("sync");
+    check(&engine, 1, &source, "the source after its changes");
+    check(&engine, 2, &snapshot, "the clone after the source changed");
+
+    // A clone of the clone, then the source and the first clone go.
+    assert_eq!(engine.clone_object(ObjectId(2), ObjectId(3)).expect("clone of a clone"), 6);
+    engine.remove_object(ObjectId(1)).expect("remove source");
+    engine.remove_object(ObjectId(2)).expect("remove clone");
+    engine.sync().expect("sync");
+    check(&engine, 3, &snapshot, "the second clone after both others went");
+    let shared = engine.shared_bytes();
+    assert_eq!(shared, 0, "object 3 alone names its blocks now");
+
+    // Reopened, the references are rebuilt from the map.
+    assert_eq!(engine.clone_object(ObjectId(3), ObjectId(4)).expect("clone"), 6);
+    let used = engine.space().used_bytes;
+    let shared = engine.shared_bytes();
+    drop(engine);
+    let engine = Engine::open(array.clone(), &dir).expect("reopen");
+    assert_eq!(engine.shared_bytes(), shared, "shared blocks counted again at open");
+    assert_eq!(engine.space().used_bytes, used);
+    check(&engine, 3, &snapshot, "object 3 after reopening");
+    check(&engine, 4, &snapshot, "object 4 after reopening");
+    engine.remove_object(ObjectId(3)).expect("remove");
+    engine.sync().expect("sync");
+    check(&engine, 4, &snapshot, "object 4 after its source went");
+    engine.remove_object(ObjectId(4)).expect("remove");
+    engine.sync().expect("sync");
+    let space = engine.space();
+    assert_eq!(space.used_bytes, empty, "every block is free once nothing names it");
+    assert_eq!(space.used_bytes + space.free_bytes + space.reclaimable_bytes, space.total_bytes);
+}
+
+#[test]
+fn a_clone_needs_an_empty_destination_other_than_its_source() {
+    let (_drives, array) = raid5(16);
+    let dir = temp_dir("clone-refused");
+    let engine = Engine::create(array, &dir, TargetId(1)).expect("create");
+    engine.write(chunk(1, 0), 0, &[1u8; 5000], None).expect("write");
+    engine.write(chunk(2, 0), 0, &[2u8; 5000], None).expect("write");
+    assert!(engine.clone_object(ObjectId(1), ObjectId(1)).is_err(), "onto itself");
+    assert!(engine.clone_object(ObjectId(1), ObjectId(2)).is_err(), "onto chunks");
+    assert_eq!(engine.read(chunk(2, 0), 0, 5000).expect("read"), vec![2u8; 5000]);
+    assert_eq!(engine.clone_object(ObjectId(9), ObjectId(10)).expect("empty source"), 0);
+    assert_eq!(engine.shared_bytes(), 0);
+}
