@@ -13,8 +13,9 @@ use stria_proto::fs::ObjectId;
 use stria_proto::fs::{FsStatus, TargetId};
 use stria_proto::wire::{
     ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite, DriveChangeRefused,
-    Epoch, Instance, MetaReply, MetaRequest, ObjectRemove, ObjectSpace, ObjectSpaceReply,
-    ObjectsRemove, TargetFailDrive, TargetInfo, TargetSync, meta_method, storage_method,
+    Epoch, Instance, MetaReply, MetaRequest, ObjectClone, ObjectRemove, ObjectSpace,
+    ObjectSpaceReply, ObjectsRemove, TargetFailDrive, TargetInfo, TargetSync, meta_method,
+    storage_method,
 };
 use stria_rpc::{ClusterSecret, Data};
 use tokio::sync::OnceCell;
@@ -361,6 +362,15 @@ impl StorageConns {
             conn.call_typed(storage_method::OBJECTS_REMOVE, &request, Bytes::new(), true).await?;
         let inos: Vec<u64> = request.objects.iter().map(|o| o.0).collect();
         self.watch.changed(Service::Target(request.target), epoch, &inos);
+        Ok(())
+    }
+
+    pub async fn object_clone(&self, request: ObjectClone) -> FsResult<()> {
+        let conn = self.conn(request.target)?;
+        // Not idempotent: a second run finds the copy there and is refused.
+        let (epoch, _) =
+            conn.call_typed(storage_method::OBJECT_CLONE, &request, Bytes::new(), false).await?;
+        self.changed(request.target, request.dest, epoch);
         Ok(())
     }
 

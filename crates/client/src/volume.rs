@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use stria_proto::BLOCK_BYTES;
 use stria_proto::fs::{ChunkId, FileLayout, FsStatus, ObjectId, TargetId};
-use stria_proto::wire::{BlockRun, ChunkMap, ChunkPunch, ChunkRead, ChunkWrite, ObjectSpace};
+use stria_proto::wire::{
+    BlockRun, ChunkMap, ChunkPunch, ChunkRead, ChunkWrite, ObjectClone, ObjectSpace,
+};
 use stria_rpc::Data;
 use tokio::runtime::Handle;
 use tokio::task::JoinSet;
@@ -330,6 +332,37 @@ impl VolumeIo {
         self.usable()?;
         let shared = &self.shared;
         self.block(remove_chunks(&shared.storage, shared.object, &shared.layout, 0))
+    }
+
+    /// Makes the volume `dest` (an id with [`ObjectId::VOLUME_BIT`], no data yet) a copy of
+    /// this one as it is now, on every target of the layout: the targets copy their chunk
+    /// records and share the blocks (copy-on-write), so the copy costs no data I/O and either
+    /// volume's later writes leave the other as it was. Durable when it returns. Writes to
+    /// this volume must be held back meanwhile for the copy to be of one instant on every
+    /// target (the NBD gateway does that). On failure some targets may hold their part of
+    /// the copy: remove `dest`'s chunks before using its id again.
+    pub fn clone_to(&self, dest: ObjectId) -> FsResult<()> {
+        self.usable()?;
+        if dest.0 & ObjectId::VOLUME_BIT == 0 || dest == self.shared.object {
+            return Err(FsStatus::Invalid);
+        }
+        let shared = &self.shared;
+        self.block(async {
+            let mut clones = JoinSet::new();
+            for target in distinct_targets(&shared.layout) {
+                let storage = shared.storage.clone();
+                let request = ObjectClone { target, source: shared.object, dest };
+                clones.spawn(async move { storage.object_clone(request).await });
+            }
+            let mut result = Ok(());
+            while let Some(done) = clones.join_next().await {
+                let done = done.unwrap_or(Err(FsStatus::Io));
+                if result.is_ok() {
+                    result = done;
+                }
+            }
+            result
+        })
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {

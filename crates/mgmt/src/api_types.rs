@@ -88,11 +88,16 @@ pub struct Volume {
     pub targets: Vec<TargetId>,
     /// Bytes written and not trimmed; absent if a target did not answer.
     pub allocated_bytes: Option<u64>,
-    /// `online`, `deleting`, or `deleted` in the reply to a delete.
+    /// `online`, `copying` (a snapshot or clone being made), `deleting`, or `deleted` in
+    /// the reply to a delete.
     pub state: String,
     /// Exports that serve it.
     pub exports: Vec<String>,
     pub created_unix_s: u64,
+    /// The volume this one was copied from (snapshot or clone), as named then.
+    pub origin: Option<String>,
+    /// A read-only copy: exported only read-only, never resized.
+    pub snapshot: bool,
 }
 
 impl From<VolumeInfo> for Volume {
@@ -108,6 +113,8 @@ impl From<VolumeInfo> for Volume {
             state: v.state,
             exports: v.exports,
             created_unix_s: v.created_unix_s,
+            origin: v.origin,
+            snapshot: v.snapshot,
         }
     }
 }
@@ -177,6 +184,13 @@ pub struct CreateVolume {
     /// Bytes per chunk; default 1 MiB.
     #[serde(default)]
     pub stripe_bytes: Option<u32>,
+}
+
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CopyVolume {
+    /// The new volume's name.
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Deserialize, ToSchema)]

@@ -21,6 +21,8 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(list_volumes, create_volume))
         .routes(routes!(get_volume, delete_volume))
         .routes(routes!(resize_volume))
+        .routes(routes!(snapshot_volume))
+        .routes(routes!(clone_volume))
         .routes(routes!(list_exports, create_export))
         .routes(routes!(get_export, delete_export))
         .routes(routes!(allow_initiator, deny_initiator))
@@ -129,6 +131,51 @@ async fn resize_volume(
     blocking(move || {
         let request =
             MgmtRequest::VolumeResize { name, size_bytes: body.size_bytes, force: body.force };
+        volume_reply(state.mgmt.handle(request)?).map(Json)
+    })
+    .await
+}
+
+/// Makes a read-only copy of a volume as it is now (copy-on-write: no data is copied). Writes
+/// to the volume pause while the targets copy its chunk map.
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/snapshot", tag = "volumes",
+    params(("name" = String, Path, description = "The volume to copy")),
+    request_body = CopyVolume,
+    responses((status = 200, description = "The snapshot", body = Volume),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody)))]
+async fn snapshot_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<CopyVolume>,
+) -> Result<Json<Volume>, ApiError> {
+    copy_volume(state, name, body, true).await
+}
+
+/// Makes a writable copy of a volume or snapshot (copy-on-write, as a snapshot).
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/clone", tag = "volumes",
+    params(("name" = String, Path, description = "The volume or snapshot to copy")),
+    request_body = CopyVolume,
+    responses((status = 200, description = "The clone", body = Volume),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody)))]
+async fn clone_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<CopyVolume>,
+) -> Result<Json<Volume>, ApiError> {
+    copy_volume(state, name, body, false).await
+}
+
+async fn copy_volume(
+    state: ApiState,
+    source: String,
+    body: CopyVolume,
+    snapshot: bool,
+) -> Result<Json<Volume>, ApiError> {
+    name_field("volume", "name", &body.name)?;
+    blocking(move || {
+        let request = MgmtRequest::VolumeCopy { source, name: body.name, snapshot };
         volume_reply(state.mgmt.handle(request)?).map(Json)
     })
     .await

@@ -48,6 +48,8 @@ pub enum EventKind {
     ScrubFoundErrors,
     DriveReplaced,
     SpareAdded,
+    SnapshotCreated,
+    VolumeCloned,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]

@@ -41,7 +41,7 @@ pub use api_auth::ApiToken;
 pub use events::{Event, EventKind, EventLog, Severity};
 pub use monitor::Monitor;
 pub use node_view::NodeView;
-pub use registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
+pub use registry::{AclRule, ExportRecord, Registry, VolumeOrigin, VolumeRecord, VolumeState};
 pub use service::{
-    DriveChangeRefusal, ExportStats, Gateway, GatewayClient, Mgmt, MgmtRpc, PoolResolver,
+    DriveChangeRefusal, ExportStats, Gateway, GatewayClient, Mgmt, MgmtRpc, PoolResolver, WriteHold,
 };

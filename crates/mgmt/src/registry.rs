@@ -10,6 +10,8 @@ use stria_proto::mgmt::{MgmtError, MgmtStatus};
 
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 const EXPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("exports");
+/// Volume name -> [`VolumeOrigin`], for volumes made by copying another.
+const ORIGINS: TableDefinition<&str, &[u8]> = TableDefinition::new("volume_origins");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NEXT_VOLUME_ID: &str = "next_volume_id";
 const FORMAT_VERSION: &str = "format_version";
@@ -22,6 +24,9 @@ pub enum VolumeState {
     /// Delete started: the data is being removed; the record goes when it is gone. A node that
     /// restarts finishes the job.
     Deleting,
+    /// A snapshot or clone whose data the targets are copying; a node that restarts before it
+    /// is online deletes it (an unfinished copy is of no use).
+    Copying,
 }
 
 impl VolumeState {
@@ -29,6 +34,7 @@ impl VolumeState {
         match self {
             VolumeState::Online => "online",
             VolumeState::Deleting => "deleting",
+            VolumeState::Copying => "copying",
         }
     }
 }
@@ -41,6 +47,16 @@ pub struct VolumeRecord {
     pub layout: FileLayout,
     pub state: VolumeState,
     pub created_unix_s: u64,
+}
+
+/// Where a volume made by copying another came from (kept beside its record, which older
+/// registries store without it).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct VolumeOrigin {
+    /// The source volume's name at the time of the copy.
+    pub source: String,
+    /// Read-only: exported only read-only and never resized.
+    pub snapshot: bool,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -57,6 +73,37 @@ pub struct ExportRecord {
     pub read_only: bool,
     pub description: String,
     pub acl: Vec<AclRule>,
+}
+
+/// Inserts a volume record with the next free object id; refused if the name is taken.
+fn new_volume(
+    tx: &redb::WriteTransaction,
+    name: &str,
+    size_bytes: u64,
+    layout: FileLayout,
+    state: VolumeState,
+    now_unix_s: u64,
+) -> Result<VolumeRecord, MgmtError> {
+    let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+    if volumes.get(name).map_err(|e| internal("reading a volume", e))?.is_some() {
+        return Err(MgmtError::new(
+            MgmtStatus::Exists,
+            format!("a volume named '{name}' exists already"),
+        ));
+    }
+    let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
+    let id = meta.get(NEXT_VOLUME_ID).map_err(|e| internal("id", e))?.map_or(1, |v| v.value());
+    meta.insert(NEXT_VOLUME_ID, id + 1).map_err(|e| internal("id", e))?;
+    let record = VolumeRecord {
+        name: name.to_string(),
+        object: ObjectId(ObjectId::VOLUME_BIT | id),
+        size_bytes,
+        layout,
+        state,
+        created_unix_s: now_unix_s,
+    };
+    volumes.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("insert", e))?;
+    Ok(record)
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> MgmtError {
@@ -94,6 +141,7 @@ impl Registry {
         registry.write(|tx| {
             tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
             tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
+            tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
             let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
             let format =
                 meta.get(FORMAT_VERSION).map_err(|e| internal("format", e))?.map(|v| v.value());
@@ -157,29 +205,54 @@ impl Registry {
         layout: FileLayout,
         now_unix_s: u64,
     ) -> Result<VolumeRecord, MgmtError> {
+        self.write(|tx| new_volume(tx, name, size_bytes, layout, VolumeState::Online, now_unix_s))
+    }
+
+    /// Records `name` as a copy of the volume `source` (same size and layout), in state
+    /// [`VolumeState::Copying`] until the data is copied, with its origin.
+    pub fn create_copy(
+        &self,
+        source: &str,
+        name: &str,
+        snapshot: bool,
+        now_unix_s: u64,
+    ) -> Result<VolumeRecord, MgmtError> {
         self.write(|tx| {
-            let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
-            if volumes.get(name).map_err(|e| internal("reading a volume", e))?.is_some() {
+            let from: VolumeRecord = {
+                let volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+                let from = volumes.get(source).map_err(|e| internal("reading a volume", e))?;
+                match from {
+                    Some(v) => decode("volume", source, v.value())?,
+                    None => return Err(not_found("volume", source)),
+                }
+            };
+            if from.state != VolumeState::Online {
                 return Err(MgmtError::new(
-                    MgmtStatus::Exists,
-                    format!("a volume named '{name}' exists already"),
+                    MgmtStatus::Conflict,
+                    format!("volume '{source}' is {}", from.state.name()),
                 ));
             }
-            let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
-            let id =
-                meta.get(NEXT_VOLUME_ID).map_err(|e| internal("id", e))?.map_or(1, |v| v.value());
-            meta.insert(NEXT_VOLUME_ID, id + 1).map_err(|e| internal("id", e))?;
-            let record = VolumeRecord {
-                name: name.to_string(),
-                object: ObjectId(ObjectId::VOLUME_BIT | id),
-                size_bytes,
-                layout,
-                state: VolumeState::Online,
-                created_unix_s: now_unix_s,
-            };
-            volumes.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("insert", e))?;
+            let record = new_volume(
+                tx,
+                name,
+                from.size_bytes,
+                from.layout,
+                VolumeState::Copying,
+                now_unix_s,
+            )?;
+            let origin = VolumeOrigin { source: source.to_string(), snapshot };
+            let mut origins = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
+            origins.insert(name, encode(&origin)?.as_slice()).map_err(|e| internal("insert", e))?;
             Ok(record)
         })
+    }
+
+    /// Where the volume `name` was copied from; None for a volume created empty.
+    pub fn origin(&self, name: &str) -> Result<Option<VolumeOrigin>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
+        let origin = table.get(name).map_err(|e| internal("reading an origin", e))?;
+        origin.map(|v| decode("origin", name, v.value())).transpose()
     }
 
     /// Changes a volume record in one transaction.
@@ -204,6 +277,8 @@ impl Registry {
     /// Deletes the volume record (its data must be gone already).
     pub fn remove_volume(&self, name: &str) -> Result<(), MgmtError> {
         self.write(|tx| {
+            let mut origins = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
+            origins.remove(name).map_err(|e| internal("remove", e))?;
             let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
             let removed = volumes.remove(name).map_err(|e| internal("remove", e))?.is_some();
             if removed { Ok(()) } else { Err(not_found("volume", name)) }
@@ -233,7 +308,21 @@ impl Registry {
             if volume.state != VolumeState::Online {
                 return Err(MgmtError::new(
                     MgmtStatus::Conflict,
-                    format!("volume '{}' is being deleted", volume.name),
+                    format!("volume '{}' is {}", volume.name, volume.state.name()),
+                ));
+            }
+            let origins = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
+            let origin = origins.get(volume.name.as_str()).map_err(|e| internal("read", e))?;
+            let origin: Option<VolumeOrigin> =
+                origin.map(|v| decode("origin", &volume.name, v.value())).transpose()?;
+            if origin.is_some_and(|o| o.snapshot) && !export.read_only {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!(
+                        "volume '{}' is a snapshot: export it with --read-only, or clone it \
+                         into a writable volume (stria volume clone)",
+                        volume.name
+                    ),
                 ));
             }
             let mut exports = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;

@@ -50,7 +50,16 @@ pub trait Gateway: Send + Sync {
     fn clients(&self) -> Vec<GatewayClient> {
         Vec::new()
     }
+    /// Holds back new writes to the volume `object` and waits for those in progress; writes
+    /// go on when the returned hold drops. A snapshot taken meanwhile is of one instant on
+    /// every target. None when the gateway serves no such volume (nothing writes to it).
+    fn hold_writes(&self, _object: ObjectId) -> Option<WriteHold> {
+        None
+    }
 }
+
+/// Writes held back by [`Gateway::hold_writes`] until this drops.
+pub type WriteHold = Box<dyn std::any::Any + Send>;
 
 fn now_unix_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -144,9 +153,17 @@ impl Mgmt {
             events: Arc::new(EventLog::new()),
         };
         for volume in mgmt.registry.volumes()? {
-            if volume.state == VolumeState::Deleting {
-                tracing::info!(volume = %volume.name, "finishing an interrupted volume delete");
-                mgmt.finish_delete(&volume)?;
+            match volume.state {
+                VolumeState::Deleting => {
+                    tracing::info!(volume = %volume.name, "finishing an interrupted volume delete");
+                    mgmt.finish_delete(&volume)?;
+                }
+                VolumeState::Copying => {
+                    tracing::warn!(volume = %volume.name,
+                        "removing a snapshot or clone whose copy a stop interrupted");
+                    mgmt.finish_delete(&volume)?;
+                }
+                VolumeState::Online => {}
             }
         }
         Ok(mgmt)
@@ -308,6 +325,9 @@ impl Mgmt {
                 self.resize_volume(&name, size_bytes, force)
             }
             MgmtRequest::VolumeDelete { name } => self.delete_volume(&name),
+            MgmtRequest::VolumeCopy { source, name, snapshot } => {
+                self.copy_volume(&source, &name, snapshot)
+            }
             MgmtRequest::ExportAdd { volume, name, read_only, description } => {
                 let name = name.unwrap_or_else(|| volume.clone());
                 check_name("export", &name)?;
@@ -406,13 +426,48 @@ impl Mgmt {
         Ok(MgmtReply::Volume(self.volume_info(&record)))
     }
 
+    /// A snapshot (read-only) or clone of `source` named `name`: the registry records it as
+    /// copying, the targets copy their chunk records (sharing the blocks), then it goes online.
+    /// The gateway holds the source's writes back meanwhile, so the copy is of one instant.
+    fn copy_volume(&self, source: &str, name: &str, snapshot: bool) -> MgmtResult {
+        check_name("volume", name)?;
+        let from = self.registry.volume(source)?;
+        let record = self.registry.create_copy(source, name, snapshot, now_unix_s())?;
+        let copied = {
+            let _hold = self.gateway().and_then(|g| g.hold_writes(from.object));
+            let io = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
+            io.clone_to(record.object)
+        };
+        if let Err(status) = copied {
+            // What some targets copied goes with the record.
+            let _ = self.finish_delete(&record);
+            return Err(fs_error("copying the volume's data", status));
+        }
+        let record = self.registry.update_volume(name, |v| {
+            v.state = VolumeState::Online;
+            Ok(())
+        })?;
+        let kind = if snapshot { "snapshot" } else { "clone" };
+        tracing::info!(volume = name, source, object = %record.object, "volume {kind} created");
+        Ok(MgmtReply::Volume(self.volume_info(&record)))
+    }
+
     fn resize_volume(&self, name: &str, size_bytes: u64, force: bool) -> MgmtResult {
         check_size(size_bytes)?;
         let volume = self.registry.volume(name)?;
         if volume.state != VolumeState::Online {
             return Err(MgmtError::new(
                 MgmtStatus::Conflict,
-                format!("volume '{name}' is being deleted"),
+                format!("volume '{name}' is {}", volume.state.name()),
+            ));
+        }
+        if self.registry.origin(name)?.is_some_and(|o| o.snapshot) {
+            return Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!(
+                    "volume '{name}' is a snapshot and keeps its size; clone it into a \
+                     writable volume (stria volume clone) to resize"
+                ),
             ));
         }
         if size_bytes < volume.size_bytes {
@@ -484,6 +539,7 @@ impl Mgmt {
             self.client.volume(v.object, v.layout.clone(), v.size_bytes).allocated_bytes().ok();
         let exports =
             all_exports.iter().filter(|e| e.volume == v.name).map(|e| e.name.clone()).collect();
+        let origin = self.registry.origin(&v.name).unwrap_or_default();
         VolumeInfo {
             name: v.name.clone(),
             object: v.object.0,
@@ -496,6 +552,8 @@ impl Mgmt {
             exports,
             created_unix_s: v.created_unix_s,
             io: self.gateway().map(|g| g.volume_io(v.object)).unwrap_or_default(),
+            snapshot: origin.as_ref().is_some_and(|o| o.snapshot),
+            origin: origin.map(|o| o.source),
         }
     }
 
@@ -537,6 +595,16 @@ fn change_event(request: &MgmtRequest) -> Option<(EventKind, String, String)> {
         MgmtRequest::VolumeDelete { name } => {
             (EventKind::VolumeDeleted, format!("volume/{name}"), format!("volume '{name}' deleted"))
         }
+        MgmtRequest::VolumeCopy { source, name, snapshot: true } => (
+            EventKind::SnapshotCreated,
+            format!("volume/{name}"),
+            format!("volume '{name}' created as a snapshot of '{source}'"),
+        ),
+        MgmtRequest::VolumeCopy { source, name, snapshot: false } => (
+            EventKind::VolumeCloned,
+            format!("volume/{name}"),
+            format!("volume '{name}' created as a clone of '{source}'"),
+        ),
         MgmtRequest::ExportAdd { volume, name, read_only, .. } => {
             let name = name.as_deref().unwrap_or(volume);
             let mode = if *read_only { " read-only" } else { "" };

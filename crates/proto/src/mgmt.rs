@@ -71,6 +71,14 @@ pub enum MgmtRequest {
         net: String,
         tls_identity: Option<String>,
     },
+    /// A new volume `name` holding `source`'s data as it is now, copy-on-write (no data is
+    /// copied). `snapshot`: the copy is read-only (exported read-only, never resized);
+    /// otherwise it is an ordinary volume (a clone).
+    VolumeCopy {
+        source: String,
+        name: String,
+        snapshot: bool,
+    },
 }
 
 impl MgmtRequest {
@@ -87,6 +95,8 @@ impl MgmtRequest {
             MgmtRequest::ExportRemove { .. } => "export-remove",
             MgmtRequest::InitiatorAllow { .. } => "initiator-allow",
             MgmtRequest::InitiatorDeny { .. } => "initiator-deny",
+            MgmtRequest::VolumeCopy { snapshot: true, .. } => "volume-snapshot",
+            MgmtRequest::VolumeCopy { snapshot: false, .. } => "volume-clone",
         }
     }
 }
@@ -119,6 +129,10 @@ pub struct VolumeInfo {
     pub created_unix_s: u64,
     /// I/O served through the NBD gateway since the node started.
     pub io: VolumeIoCounts,
+    /// The volume this one was copied from (a snapshot or clone), as named then.
+    pub origin: Option<String>,
+    /// A read-only copy: exported only read-only, never resized.
+    pub snapshot: bool,
 }
 
 /// Requests a volume served through the NBD gateway, counted since the node started.

@@ -61,6 +61,9 @@ pub mod storage_method {
     /// Removes every chunk of many objects on one target in one chunk-map commit (the
     /// client's purge of removed files).
     pub const OBJECTS_REMOVE: u16 = 2012;
+    /// Makes one object a copy of another on one target, sharing its blocks (copy-on-write):
+    /// volume snapshots and clones.
+    pub const OBJECT_CLONE: u16 = 2013;
 }
 
 /// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
@@ -956,6 +959,16 @@ pub const OBJECTS_REMOVE_MAX: usize = 4096;
 pub struct ObjectsRemove {
     pub target: TargetId,
     pub objects: Vec<ObjectId>,
+}
+
+/// Makes `dest` a copy of `source` on one target: every chunk record of `source` is copied
+/// and names the same blocks, which are shared until either object writes them. `dest` must
+/// have no chunks there (`Invalid` otherwise). Durable when answered; the reply is the epoch.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ObjectClone {
+    pub target: TargetId,
+    pub source: ObjectId,
+    pub dest: ObjectId,
 }
 
 /// Makes `[offset, offset + len)` of a chunk read as zeros: whole blocks in the range are

@@ -27,8 +27,8 @@ use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, FsStatus, TargetId};
 pub use stria_proto::wire::Epoch;
 use stria_proto::wire::{
     BlockRun, ChunkMap, ChunkMapReply, ChunkPunch, ChunkRead, ChunkTruncate, ChunkWrite,
-    ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove, TargetAddSpare, TargetFailDrive,
-    TargetInfo, TargetReplaceDrive, TargetSync, new_epoch, storage_method,
+    ObjectClone, ObjectRemove, ObjectSpace, ObjectSpaceReply, ObjectsRemove, TargetAddSpare,
+    TargetFailDrive, TargetInfo, TargetReplaceDrive, TargetSync, new_epoch, storage_method,
 };
 use stria_raid::Array;
 use stria_rpc::Data;
@@ -326,6 +326,12 @@ impl StorageService {
                 }
                 let target = self.target(r.target).map_err(FsStatus::rpc_code)?;
                 target.engine.remove_objects(&r.objects).map_err(status_of)?;
+                Ok((encode(&self.epoch)?, Data::new()))
+            }
+            storage_method::OBJECT_CLONE => {
+                let c: ObjectClone = decode(message)?;
+                let target = self.target(c.target).map_err(FsStatus::rpc_code)?;
+                target.engine.clone_object(c.source, c.dest).map_err(status_of)?;
                 Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::TARGET_SYNC => {

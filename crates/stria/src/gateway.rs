@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use stria_client::{Client, VolumeIo};
-use stria_mgmt::{ExportRecord, ExportStats, Gateway, GatewayClient, VolumeRecord};
+use stria_mgmt::{ExportRecord, ExportStats, Gateway, GatewayClient, VolumeRecord, WriteHold};
 use stria_nbd::{
     AclRule, Backend, BackendError, BackendErrorKind, BackendFuture, Export, Exports, Extent,
     PartsFuture, TlsConfig,
@@ -21,6 +21,10 @@ use stria_proto::mgmt::VolumeIoCounts;
 struct VolumeBackend {
     io: VolumeIo,
     counts: Counts,
+    /// Every change (write, trim, zeroes) holds this shared; a snapshot holds it exclusively
+    /// ([`Gateway::hold_writes`]), so it waits for the changes in progress and new ones wait
+    /// for it. The lock is fair: a waiting snapshot is not starved by a stream of writes.
+    changes: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// Requests served, for `stria_volume_*` metrics.
@@ -48,6 +52,14 @@ impl Counts {
     }
 }
 
+/// Runs `work` to completion on this thread, outside any runtime.
+fn block_on_here<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime needs no resources that can run out")
+        .block_on(work)
+}
+
 fn backend_error(what: &str, status: FsStatus) -> BackendError {
     let kind = match status {
         FsStatus::NoSpace => BackendErrorKind::NoSpace,
@@ -72,6 +84,7 @@ impl Backend for VolumeBackend {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
         let started = Instant::now();
+        let _change = self.changes.blocking_read();
         self.io.write(offset, data, fua).map_err(|e| backend_error("write", e))?;
         self.counts.written(data.len(), started);
         Ok(())
@@ -82,6 +95,7 @@ impl Backend for VolumeBackend {
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        let _change = self.changes.blocking_read();
         self.io.trim(offset, len).map_err(|e| backend_error("trim", e))
     }
 
@@ -92,6 +106,7 @@ impl Backend for VolumeBackend {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), BackendError> {
+        let _change = self.changes.blocking_read();
         self.io
             .write_zeroes(offset, len, may_trim, fua)
             .map_err(|e| backend_error("write zeroes", e))
@@ -131,6 +146,7 @@ impl Backend for VolumeBackend {
     ) -> Option<BackendFuture<'a>> {
         Some(Box::pin(async move {
             let started = Instant::now();
+            let _change = self.changes.read().await;
             self.io.write_async(offset, data, fua).await.map_err(|e| backend_error("write", e))?;
             self.counts.written(data.len(), started);
             Ok(())
@@ -204,6 +220,7 @@ impl NbdGateway {
             Arc::new(VolumeBackend {
                 io: self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes),
                 counts: Counts::default(),
+                changes: Arc::default(),
             })
         });
         backend.io.set_size(volume.size_bytes);
@@ -256,6 +273,19 @@ impl Gateway for NbdGateway {
                 since_unix_s: c.since_unix_s,
             })
             .collect()
+    }
+
+    fn hold_writes(&self, object: ObjectId) -> Option<WriteHold> {
+        let changes = {
+            let backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+            backends.get(&object)?.changes.clone()
+        };
+        // Called off the runtime's workers (management requests run on a blocking pool).
+        let hold = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => runtime.block_on(changes.write_owned()),
+            Err(_) => block_on_here(changes.write_owned()),
+        };
+        Some(Box::new(hold))
     }
 
     fn volume_io(&self, object: ObjectId) -> VolumeIoCounts {

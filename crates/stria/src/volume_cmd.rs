@@ -25,6 +25,11 @@ pub enum VolumeCommand {
     Resize(ResizeArgs),
     /// Delete a volume and its data (remove its exports first).
     Delete(NameArgs),
+    /// Make a read-only copy of a volume as it is now (copy-on-write: no data is copied, and
+    /// the copy takes space only as the two diverge). Writes to the volume pause meanwhile.
+    Snapshot(CopyArgs),
+    /// Make a writable copy of a volume or snapshot (copy-on-write, as a snapshot).
+    Clone(CopyArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -82,6 +87,19 @@ pub struct ListArgs {
 #[derive(Args, Debug)]
 pub struct NameArgs {
     /// The volume's (or export's) name.
+    pub name: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CopyArgs {
+    /// The volume (or snapshot) to copy.
+    pub source: String,
+    /// The new volume's name.
     pub name: String,
     #[command(flatten)]
     pub node: NodeArgs,
@@ -218,6 +236,8 @@ struct VolumeJson<'a> {
     created_unix_s: u64,
     nbd_read_bytes: u64,
     nbd_written_bytes: u64,
+    origin: Option<&'a str>,
+    snapshot: bool,
 }
 
 fn volume_json(v: &VolumeInfo) -> VolumeJson<'_> {
@@ -235,6 +255,8 @@ fn volume_json(v: &VolumeInfo) -> VolumeJson<'_> {
         created_unix_s: v.created_unix_s,
         nbd_read_bytes: v.io.read_bytes,
         nbd_written_bytes: v.io.written_bytes,
+        origin: v.origin.as_deref(),
+        snapshot: v.snapshot,
     }
 }
 
@@ -275,6 +297,10 @@ fn show_volume(v: &VolumeInfo) {
     let allocated = v.allocated_bytes.map_or_else(|| "?".into(), format_bytes);
     println!("volume      {}", v.name);
     println!("state       {}", v.state);
+    if let Some(origin) = &v.origin {
+        let kind = if v.snapshot { "snapshot (read-only)" } else { "clone" };
+        println!("origin      {kind} of {origin}");
+    }
     println!("size        {} ({} bytes)", format_bytes(v.size_bytes), v.size_bytes);
     println!("allocated   {allocated}");
     println!("pool        {}", v.pool);
@@ -372,6 +398,11 @@ fn export_reply(reply: MgmtReply, json: bool) -> Result<()> {
     }
 }
 
+fn copy_volume(a: CopyArgs, snapshot: bool) -> Result<()> {
+    let request = MgmtRequest::VolumeCopy { source: a.source, name: a.name, snapshot };
+    volume_reply(call(&a.node, request)?, a.json)
+}
+
 pub fn volume(command: VolumeCommand) -> Result<()> {
     match command {
         VolumeCommand::Create(a) => {
@@ -401,6 +432,8 @@ pub fn volume(command: VolumeCommand) -> Result<()> {
         VolumeCommand::Delete(a) => {
             volume_reply(call(&a.node, MgmtRequest::VolumeDelete { name: a.name })?, a.json)
         }
+        VolumeCommand::Snapshot(a) => copy_volume(a, true),
+        VolumeCommand::Clone(a) => copy_volume(a, false),
     }
 }
 

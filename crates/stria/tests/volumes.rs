@@ -1,7 +1,8 @@
 //! Block volumes end to end: `stria up` serves volumes over NBD to real clients nobody here
 //! wrote (qemu-img and qemu-io, libnbd's nbdinfo and nbdcopy, fio's nbd engine), managed with
 //! `stria volume / export / initiator`; access lists and read-only exports refuse what they
-//! must; data survives a restart and a failed drive under load.
+//! must; data survives a restart and a failed drive under load; snapshots and clones keep the
+//! instant they were taken while their source changes and goes.
 
 mod support;
 
@@ -200,6 +201,135 @@ fn volumes_serve_real_nbd_clients_and_survive_a_restart() {
     ok("nbdcopy after restart", tool("nbdcopy", &[&vol, &after.display().to_string()]));
     same_file(&image, &after);
     node.stop();
+}
+
+/// The whole volume behind `uri`, through nbdcopy.
+fn read_volume(dir: &Path, uri: &str, name: &str) -> Vec<u8> {
+    let out = dir.join(format!("{name}.img"));
+    let _ = std::fs::remove_file(&out);
+    ok("nbdcopy out", tool("nbdcopy", &[uri, &out.display().to_string()]));
+    std::fs::read(&out).expect("read copy")
+}
+
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: size");
+    if let Some(at) = got.iter().zip(want).position(|(p, q)| p != q) {
+        panic!("{what}: differs at byte {at}");
+    }
+}
+
+fn qemu_io(uri: &str, commands: &[&str]) {
+    let mut args = vec!["-f", "raw", uri];
+    for c in commands {
+        args.extend(["-c", c]);
+    }
+    let out = ok("qemu-io", tool("qemu-io", &args));
+    assert!(!out.contains("Pattern verification failed") && !out.contains("failed"), "{out}");
+}
+
+#[test]
+fn snapshots_and_clones_keep_their_instant() {
+    require_fuse();
+    let dir = scratch("volume-snapshots");
+    let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
+    create_exported(&node, "base", "32M");
+    let image = dir.join("base.img");
+    let original = make_image(&image, 32 * MIB);
+    let base = uri(&node, "base");
+    ok(
+        "qemu-img convert in",
+        tool(
+            "qemu-img",
+            &["convert", "-n", "-f", "raw", "-O", "raw", &image.display().to_string(), &base],
+        ),
+    );
+
+    // A snapshot: read-only, same size, no data copied.
+    let snap = json(&ok("snapshot", node.cli(&["volume", "snapshot", "base", "snap", "--json"])));
+    assert_eq!(snap["snapshot"], true, "{snap}");
+    assert_eq!(snap["origin"], "base", "{snap}");
+    assert_eq!(snap["state"], "online", "{snap}");
+    assert_eq!(snap["size_bytes"], 32 * MIB, "{snap}");
+    assert_eq!(snap["allocated_bytes"], volume_json(&node, "base")["allocated_bytes"]);
+    let df_before = ok("df", node.cli(&["df"]));
+    let refused = node.cli(&["export", "add", "snap"]);
+    assert!(!refused.status.success(), "a snapshot is not exported writable");
+    assert!(text(&refused).contains("snapshot"), "{}", text(&refused));
+    let refused = node.cli(&["volume", "resize", "snap", "--size", "64M"]);
+    assert!(!refused.status.success() && text(&refused).contains("snapshot"), "{}", text(&refused));
+    ok("export snap", node.cli(&["export", "add", "snap", "--read-only"]));
+    ok("allow snap", node.cli(&["initiator", "allow", "snap", "127.0.0.1"]));
+    let snap_uri = uri(&node, "snap");
+
+    // The source changes; the snapshot does not.
+    let mut changed = original.clone();
+    qemu_io(&base, &["write -P 0xcd 0 4M", "discard 8M 1M", "write -P 0x5a 31M 1M", "flush"]);
+    changed[..4 * MIB as usize].fill(0xcd);
+    changed[8 * MIB as usize..9 * MIB as usize].fill(0);
+    changed[31 * MIB as usize..].fill(0x5a);
+    same_bytes(&read_volume(&dir, &base, "base-now"), &changed, "base after its writes");
+    same_bytes(&read_volume(&dir, &snap_uri, "snap-now"), &original, "the snapshot");
+    let df_after = ok("df", node.cli(&["df"]));
+    assert_ne!(df_before, df_after, "overwrites take new blocks: {df_before} {df_after}");
+
+    // A writable clone of the snapshot.
+    let clone = json(&ok("clone", node.cli(&["volume", "clone", "snap", "copy", "--json"])));
+    assert_eq!(
+        (clone["snapshot"].as_bool(), clone["origin"].as_str()),
+        (Some(false), Some("snap"))
+    );
+    create_export_of(&node, "copy");
+    let copy_uri = uri(&node, "copy");
+    let mut copy = original.clone();
+    qemu_io(&copy_uri, &["write -P 0xee 16M 1M", "flush"]);
+    copy[16 * MIB as usize..17 * MIB as usize].fill(0xee);
+    same_bytes(&read_volume(&dir, &copy_uri, "copy-now"), &copy, "the clone after its write");
+    same_bytes(&read_volume(&dir, &snap_uri, "snap-again"), &original, "the snapshot again");
+
+    // A snapshot taken while fio writes and verifies: writes pause for it, none fails.
+    let fio = std::process::Command::new("fio")
+        .args([
+            "--name=during",
+            "--ioengine=nbd",
+            &format!("--uri={base}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=8M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--loops=20",
+            "--output-format=json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fio");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    ok("snapshot under writes", node.cli(&["volume", "snapshot", "base", "busy"]));
+    let out = fio.wait_with_output().expect("fio");
+    assert!(out.status.success(), "fio failed around the snapshot: {}", text(&out));
+    assert_eq!(json(&String::from_utf8_lossy(&out.stdout))["jobs"][0]["error"], 0);
+    let busy = volume_json(&node, "busy");
+    assert_eq!(busy["state"], "online", "{busy}");
+
+    // The source goes; its copies stay, also across a restart, and fsck finds them sound.
+    ok("unexport base", node.cli(&["export", "remove", "base"]));
+    ok("delete base", node.cli(&["volume", "delete", "base"]));
+    node.stop();
+    let fsck = ok("fsck", node.cli(&["fsck"]));
+    assert!(fsck.contains("fsck: clean") && !fsck.contains("stray"), "{fsck}");
+    node.restart();
+    same_bytes(&read_volume(&dir, &uri(&node, "snap"), "snap-restart"), &original, "snapshot");
+    same_bytes(&read_volume(&dir, &uri(&node, "copy"), "copy-restart"), &copy, "clone");
+    ok("delete busy", node.cli(&["volume", "delete", "busy"]));
+    node.stop();
+}
+
+fn create_export_of(node: &Node, volume: &str) {
+    ok("export add", node.cli(&["export", "add", volume]));
+    ok("initiator allow", node.cli(&["initiator", "allow", volume, "127.0.0.1"]));
 }
 
 #[test]
