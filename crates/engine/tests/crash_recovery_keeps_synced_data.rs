@@ -1,7 +1,9 @@
 //! Crash recovery: the engine is dropped at random points after its chunk map store has lost
 //! power (everything not synced lost, or by chance kept), and reopened. Synced data must be
 //! intact, every chunk must read as one of the states it went through since the last sync (never
-//! garbage, never a checksum error), and the space map must add up.
+//! garbage, never a checksum error), and the space map must add up. Objects are cloned now and
+//! then (the clones share blocks with their source until either writes them), so blocks named
+//! by several records go through overwrites, removals, crashes and reuse too.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 use common::*;
 use stria_engine::testing::MemMapStore;
 use stria_engine::{Engine, EngineError};
-use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, TargetId};
+use stria_proto::fs::{CHUNK_BYTES_MAX, ChunkId, ObjectId, TargetId};
 
 /// Each chunk's states since the last sync; the first is the synced one (None = absent).
 type History = BTreeMap<ChunkId, Vec<Option<Vec<u8>>>>;
@@ -21,6 +23,14 @@ fn current(history: &History, c: ChunkId) -> Option<Vec<u8>> {
 
 fn record(history: &mut History, c: ChunkId, state: Option<Vec<u8>>) {
     history.entry(c).or_insert_with(|| vec![None]).push(state);
+}
+
+/// After a durable commit: each chunk's last state is its synced one.
+fn synced(history: &mut History) {
+    for h in history.values_mut() {
+        let last = h.pop().flatten();
+        *h = vec![last];
+    }
 }
 
 fn run(seed: u64, steps: usize) {
@@ -35,8 +45,10 @@ fn run(seed: u64, steps: usize) {
     engine.sync().expect("first sync");
     let mut history: History = BTreeMap::new();
     let mut crashes = 0;
+    // Object 9 and its clones (and clones of clones).
+    let mut objects = vec![9u64];
     for step in 0..steps {
-        let c = chunk(9, rng.below(4));
+        let c = chunk(objects[rng.below(objects.len() as u64) as usize], rng.below(4));
         match rng.below(100) {
             0..=49 => {
                 let offset = rng.below(256 * 1024) as u32;
@@ -73,11 +85,24 @@ fn run(seed: u64, steps: usize) {
                     record(&mut history, c, None);
                 }
             }
-            76..=85 => {
+            76..=82 => {
                 engine.sync().expect("sync");
-                for h in history.values_mut() {
-                    let last = h.pop().flatten();
-                    *h = vec![last];
+                synced(&mut history);
+            }
+            83..=87 if objects.len() < 6 => {
+                // A clone is durable when it returns, and so is everything before it.
+                let source = c.object.0;
+                let dest = 100 + objects.len() as u64;
+                engine.clone_object(ObjectId(source), ObjectId(dest)).expect("clone");
+                objects.push(dest);
+                synced(&mut history);
+                let copies: Vec<(ChunkId, Vec<u8>)> = history
+                    .iter()
+                    .filter(|(k, _)| k.object.0 == source)
+                    .filter_map(|(k, h)| Some((chunk(dest, k.index), h[0].clone()?)))
+                    .collect();
+                for (k, state) in copies {
+                    history.insert(k, vec![Some(state)]);
                 }
             }
             _ => {
@@ -108,7 +133,7 @@ fn run(seed: u64, steps: usize) {
             }
         }
     }
-    println!("crash seed {seed}: {crashes} crashes survived");
+    println!("crash seed {seed}: {crashes} crashes survived, {} clones", objects.len() - 1);
 }
 
 #[test]

@@ -133,6 +133,9 @@ pub struct Mgmt {
     pools: PoolResolver,
     gateway: Arc<RwLock<Option<Arc<dyn Gateway>>>>,
     events: Arc<EventLog>,
+    /// Held by requests that change a volume's data (resize, delete, snapshot, clone): a
+    /// delete or shrink of a volume being copied would leave the copy with part of its data.
+    data_changes: Arc<std::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Mgmt {
@@ -151,6 +154,7 @@ impl Mgmt {
             pools,
             gateway: Arc::new(RwLock::new(None)),
             events: Arc::new(EventLog::new()),
+            data_changes: Arc::default(),
         };
         for volume in mgmt.registry.volumes()? {
             match volume.state {
@@ -308,6 +312,13 @@ impl Mgmt {
     }
 
     fn dispatch(&self, request: MgmtRequest) -> MgmtResult {
+        let _data_change = matches!(
+            request,
+            MgmtRequest::VolumeResize { .. }
+                | MgmtRequest::VolumeDelete { .. }
+                | MgmtRequest::VolumeCopy { .. }
+        )
+        .then(|| self.data_changes.lock().unwrap_or_else(|e| e.into_inner()));
         match request {
             MgmtRequest::VolumeCreate { name, size_bytes, pool, stripe_count, stripe_bytes } => {
                 self.create_volume(&name, size_bytes, &pool, stripe_count, stripe_bytes)
