@@ -24,6 +24,11 @@ use crate::dir_attrs::DirAttrs;
 use crate::durability::{DurabilityWatch, Service};
 use crate::{DriveChangeError, FsResult};
 
+/// Deadline of a target's copy of an object's chunk records (a volume snapshot or clone). The
+/// copy stages one record per chunk, milliseconds per GiB of chunks; this deadline only bounds a
+/// stuck target, so that a caller does not clean up while the target may still make the copy.
+pub(crate) const OBJECT_CLONE_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// How every connection of a client talks to its service (from [`crate::ClientConfig`]).
 #[derive(Clone, Debug)]
 pub(crate) struct ConnSettings {
@@ -67,8 +72,9 @@ impl Conn {
         message: Bytes,
         data: Bytes,
         idempotent: bool,
+        timeout: Duration,
     ) -> FsResult<(Bytes, Data)> {
-        let reply = self.call_raw(method, message, data, idempotent).await?;
+        let reply = self.call_raw(method, message, data, idempotent, timeout).await?;
         status_to_result(reply.status)?;
         Ok((reply.message, reply.data))
     }
@@ -83,11 +89,12 @@ impl Conn {
         message: Bytes,
         data: Bytes,
         idempotent: bool,
+        timeout: Duration,
     ) -> FsResult<stria_rpc::Reply> {
         let give_up = tokio::time::Instant::now() + self.reconnect_wait;
         let mut pause = Duration::from_millis(20);
         loop {
-            match self.try_call(method, message.clone(), data.clone()).await {
+            match self.try_call(method, message.clone(), data.clone(), timeout).await {
                 Ok(reply) => return Ok(reply),
                 Err(failed)
                     if (!failed.maybe_sent || idempotent)
@@ -107,6 +114,7 @@ impl Conn {
         method: u16,
         message: Bytes,
         data: Bytes,
+        timeout: Duration,
     ) -> Result<stria_rpc::Reply, Failed> {
         let client = self
             .client
@@ -125,7 +133,7 @@ impl Conn {
                 })
             })
             .await?;
-        client.call(method, message, data, self.timeout).await.map_err(|error| {
+        client.call(method, message, data, timeout).await.map_err(|error| {
             tracing::warn!(addr = %self.addr, method, %error, "request failed");
             match error {
                 // The connection (or reconnection) failed before the request went out.
@@ -144,8 +152,21 @@ impl Conn {
         data: Bytes,
         idempotent: bool,
     ) -> FsResult<(Resp, Data)> {
+        self.call_typed_within(method, request, data, idempotent, self.timeout).await
+    }
+
+    /// As [`Conn::call_typed`], with a deadline of its own for each try.
+    async fn call_typed_within<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: u16,
+        request: &Req,
+        data: Bytes,
+        idempotent: bool,
+        timeout: Duration,
+    ) -> FsResult<(Resp, Data)> {
         let message = postcard::to_stdvec(request).map_err(|_| FsStatus::Invalid)?;
-        let (message, data) = self.call(method, Bytes::from(message), data, idempotent).await?;
+        let (message, data) =
+            self.call(method, Bytes::from(message), data, idempotent, timeout).await?;
         let reply = postcard::from_bytes(&message).map_err(|error| {
             tracing::error!(addr = %self.addr, method, %error, "undecodable reply");
             FsStatus::Io
@@ -365,11 +386,15 @@ impl StorageConns {
         Ok(())
     }
 
+    /// Waits up to [`OBJECT_CLONE_TIMEOUT`]: a target that gave up waiting would still make
+    /// the copy, after the caller cleaned up.
     pub async fn object_clone(&self, request: ObjectClone) -> FsResult<()> {
         let conn = self.conn(request.target)?;
         // Not idempotent: a second run finds the copy there and is refused.
-        let (epoch, _) =
-            conn.call_typed(storage_method::OBJECT_CLONE, &request, Bytes::new(), false).await?;
+        let method = storage_method::OBJECT_CLONE;
+        let (epoch, _) = conn
+            .call_typed_within(method, &request, Bytes::new(), false, OBJECT_CLONE_TIMEOUT)
+            .await?;
         self.changed(request.target, request.dest, epoch);
         Ok(())
     }
@@ -425,7 +450,7 @@ impl StorageConns {
         let message =
             postcard::to_stdvec(request).map_err(|_| DriveChangeError::bare(FsStatus::Invalid))?;
         let reply = conn
-            .call_raw(method, Bytes::from(message), Bytes::new(), false)
+            .call_raw(method, Bytes::from(message), Bytes::new(), false, conn.timeout)
             .await
             .map_err(DriveChangeError::bare)?;
         if let Err(status) = status_to_result(reply.status) {

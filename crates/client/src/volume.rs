@@ -228,40 +228,49 @@ impl VolumeIo {
     /// The caller no longer needs `[offset, offset + len)`: it reads as zeros afterwards, its
     /// whole blocks are freed and chunks left empty are removed. Not durable until a flush.
     pub fn trim(&self, offset: u64, len: u64) -> FsResult<()> {
+        self.block(self.trim_async(offset, len))
+    }
+
+    /// As [`VolumeIo::trim`], for callers already on the client's runtime.
+    pub async fn trim_async(&self, offset: u64, len: u64) -> FsResult<()> {
         self.check_range(offset, len)?;
-        self.block(self.punch(offset, len))
+        self.punch(offset, len).await
     }
 
     /// Makes `[offset, offset + len)` read as zeros: by freeing it (`may_trim`, as
     /// [`VolumeIo::trim`]) or by writing zero blocks, which stay allocated. With `fua` the
     /// change is durable before this returns.
     pub fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool, fua: bool) -> FsResult<()> {
+        self.block(self.write_zeroes_async(offset, len, may_trim, fua))
+    }
+
+    /// As [`VolumeIo::write_zeroes`], for callers already on the client's runtime.
+    pub async fn write_zeroes_async(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> FsResult<()> {
         self.check_range(offset, len)?;
         let touched = self.touched(offset, len);
+        let sync_each = !may_trim && fua && self.one_piece_per_target(offset, len);
         if may_trim {
-            return self.block(async {
-                self.punch(offset, len).await?;
-                if fua {
-                    self.sync(touched).await?;
-                }
-                Ok(())
+            self.punch(offset, len).await?;
+        } else {
+            // One chunk of zeros, shared by every piece (slices of it are reference counted).
+            let chunk_bytes = self.shared.layout.chunk_bytes as u64;
+            let zeros = Bytes::from(vec![0u8; len.min(chunk_bytes) as usize]);
+            let jobs = self.pieces(offset, len).map(|(piece, target, chunk)| {
+                let bytes = zeros.slice(..piece.len as usize);
+                self.write_job(piece, target, chunk, bytes, sync_each)
             });
-        }
-        let sync_each = fua && self.one_piece_per_target(offset, len);
-        // One chunk of zeros, shared by every piece (slices of it are reference counted).
-        let zeros =
-            Bytes::from(vec![0u8; (len.min(self.shared.layout.chunk_bytes as u64)) as usize]);
-        let jobs = self.pieces(offset, len).map(|(piece, target, chunk)| {
-            let bytes = zeros.slice(..piece.len as usize);
-            self.write_job(piece, target, chunk, bytes, sync_each)
-        });
-        self.block(async {
             self.run(jobs, |()| ()).await?;
-            if fua && !sync_each {
-                self.sync(touched).await?;
-            }
-            Ok(())
-        })
+        }
+        if fua && !sync_each {
+            self.sync(touched).await?;
+        }
+        Ok(())
     }
 
     /// The allocation map of `[offset, offset + len)`: runs `(bytes, allocated)` in order,

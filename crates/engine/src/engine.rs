@@ -837,14 +837,16 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Makes `dest` a copy of `source` as it is now, sharing its blocks: each chunk record of
-    /// `source` is copied under `dest`, and every block gains a reference instead of being
-    /// copied (writes are copy-on-write, so a later write to either object takes new blocks
-    /// and leaves the other as it was). The copy is durable when this returns. `dest` must have
-    /// no chunks. Returns the number of chunks copied.
+    /// Makes `dest` a copy of `source`, sharing its blocks: each chunk record of `source` is
+    /// copied under `dest`, and every block it names gains a reference instead of being copied
+    /// (writes are copy-on-write, so a later write to either object takes new blocks and leaves
+    /// the other as it was). The copy is durable when this returns. `dest` must have no chunks.
+    /// Returns the number of chunks copied.
     ///
-    /// Writes to `source` on this target wait while its records are copied, so the copy is of
-    /// one instant here; an instant across targets is the caller's to arrange.
+    /// Chunks are copied one at a time, each under its lock (and its copy's), so the rest of the
+    /// target goes on meanwhile. Changes to `source` made while this runs may or may not be in
+    /// the copy: for a copy of one instant the caller holds them back (the NBD gateway does).
+    /// On an error, some chunks may have been copied: remove `dest` before using it again.
     pub fn clone_object(&self, source: ObjectId, dest: ObjectId) -> Result<u64, EngineError> {
         self.committer.check()?;
         if source == dest {
@@ -855,45 +857,26 @@ impl Engine {
                 "cannot clone into object {dest}: it has chunks already"
             )));
         }
-        let sources: Vec<ChunkId> = self
-            .list_chunks(source)?
-            .into_iter()
-            .map(|(index, _)| ChunkId { object: source, index })
-            .collect();
-        // Every chunk's lock, both objects', taken in stripe order as in remove_objects.
-        let mut stripes: Vec<usize> = sources
-            .iter()
-            .flat_map(|&c| [c, ChunkId { object: dest, index: c.index }])
-            .map(Self::lock_index)
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let exclusive: Vec<_> = stripes
-            .iter()
-            .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
-            .collect();
-        let mut copies = Vec::new();
-        let mut shared = Vec::new();
-        for &chunk in &sources {
-            if let Some(rec) = self.load_record(chunk)? {
-                shared.extend(rec.physical_runs());
-                copies.push((ChunkId { object: dest, index: chunk.index }, rec));
-            }
+        let mut copied = 0u64;
+        for (index, _) in self.list_chunks(source)? {
+            let from = ChunkId { object: source, index };
+            let to = ChunkId { object: dest, index };
+            // Two locks, in stripe order (as remove_objects takes many).
+            let (a, b) = (Self::lock_index(from), Self::lock_index(to));
+            let first = self.locks[a.min(b)].write().unwrap_or_else(|e| e.into_inner());
+            let _second =
+                (a != b).then(|| self.locks[a.max(b)].write().unwrap_or_else(|e| e.into_inner()));
+            let Some(rec) = self.load_record(from)? else { continue };
+            // The references are taken before the copy is staged. If staging fails, the
+            // target is poisoned and frees no parked block until it is reopened, when the
+            // counts are rebuilt from the map: the references are simply left.
+            lock(&self.alloc).share(&rec.physical_runs());
+            self.committer.commit(&self.db, (key(to), Some(rec.clone())))?;
+            self.records.put(Self::lock_index(to), to, rec);
+            self.chunks.fetch_add(1, Ordering::Relaxed);
+            copied += 1;
+            drop(first);
         }
-        // The references are taken before the records exist: a block the source lets go of
-        // in between is then still counted for the copy.
-        lock(&self.alloc).share(&shared);
-        let changes = copies.iter().map(|(chunk, rec)| (key(*chunk), Some(rec.clone()))).collect();
-        if let Err(e) = self.committer.commit_all(&self.db, changes) {
-            lock(&self.alloc).unshare(&shared);
-            return Err(e);
-        }
-        for (chunk, rec) in copies.iter() {
-            self.records.put(Self::lock_index(*chunk), *chunk, rec.clone());
-        }
-        let copied = copies.len() as u64;
-        self.chunks.fetch_add(copied, Ordering::Relaxed);
-        drop(exclusive);
         self.sync()?;
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)

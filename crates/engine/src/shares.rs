@@ -28,13 +28,21 @@ impl Shares {
         self.blocks
     }
 
-    /// Sets `run`, which no other run of the map touches, to `extra` references (at open).
-    pub(crate) fn insert(&mut self, (start, n): Run, extra: u32) {
+    /// Sets `run`, which lies past every run of the map, to `extra` references (at open); joins
+    /// the last run when it meets it with the same count.
+    pub(crate) fn push(&mut self, (start, n): Run, extra: u32) {
         if n == 0 || extra == 0 {
             return;
         }
-        self.runs.insert(start, (n, extra));
         self.blocks += n;
+        if let Some((&s, (len, e))) = self.runs.iter_mut().next_back()
+            && s + *len == start
+            && *e == extra
+        {
+            *len += n;
+            return;
+        }
+        self.runs.insert(start, (n, extra));
     }
 
     /// One more reference to every block of `run`.
@@ -148,7 +156,7 @@ pub(crate) fn overlay(runs: &[Run]) -> (Vec<Run>, Shares) {
                 _ => used.push((at, pos - at)),
             }
             if depth > 1 {
-                shares.insert((at, pos - at), (depth - 1) as u32);
+                shares.push((at, pos - at), (depth - 1) as u32);
             }
         }
         depth += delta;
@@ -200,6 +208,9 @@ mod tests {
         let (used, shares) = overlay(&[(0, 4), (10, 2), (2, 4), (3, 1), (6, 1)]);
         assert_eq!(used, vec![(0, 7), (10, 2)]);
         assert_eq!(runs(&shares), vec![(2, 1, 1), (3, 1, 2)]);
+        // Runs that meet with the same count are one run, as `add` would leave them.
+        let (_, shares) = overlay(&[(0, 8), (0, 4), (4, 4)]);
+        assert_eq!(runs(&shares), vec![(0, 8, 1)]);
         let (used, shares) = overlay(&[]);
         assert!(used.is_empty() && shares.shared_blocks() == 0);
     }

@@ -107,3 +107,53 @@ fn a_clone_needs_an_empty_destination_other_than_its_source() {
     assert_eq!(engine.clone_object(ObjectId(9), ObjectId(10)).expect("empty source"), 0);
     assert_eq!(engine.shared_bytes(), 0);
 }
+
+/// Writers keep rewriting the source's chunks (each write a whole chunk of one byte value, so
+/// every state a chunk has is uniform) while it is cloned again and again: every chunk of every
+/// clone is one state its source chunk really had, and once everything is removed every block
+/// is free again.
+#[test]
+fn clones_taken_under_writes_hold_states_their_source_had() {
+    let (_drives, array) = raid5(32);
+    let dir = temp_dir("clone-concurrent");
+    let engine = std::sync::Arc::new(Engine::create(array, &dir, TargetId(1)).expect("create"));
+    let empty = engine.space().used_bytes;
+    let sizes = [8192usize, 65_536, 300_000];
+    for (index, &len) in sizes.iter().enumerate() {
+        engine.write(chunk(1, index as u64), 0, &vec![1u8; len], None).expect("first write");
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(100 + w);
+                let mut value = 2u8 + w as u8;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let index = rng.below(sizes.len() as u64);
+                    let len = sizes[index as usize];
+                    engine.write(chunk(1, index), 0, &vec![value; len], None).expect("write");
+                    value = value.wrapping_add(2).max(2);
+                }
+            })
+        })
+        .collect();
+    for clone in 0..20u64 {
+        let dest = 10 + clone;
+        assert_eq!(engine.clone_object(ObjectId(1), ObjectId(dest)).expect("clone"), 3);
+        for (index, &len) in sizes.iter().enumerate() {
+            let got = engine.read(chunk(dest, index as u64), 0, 1 << 20).expect("read clone");
+            assert_eq!(got.len(), len, "clone {clone} chunk {index}: length");
+            assert!(got.iter().all(|&b| b == got[0]), "clone {clone} chunk {index}: torn");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let all: Vec<ObjectId> = [1u64].into_iter().chain(10..30).map(ObjectId).collect();
+    engine.remove_objects(&all).expect("remove");
+    engine.sync().expect("sync");
+    assert_eq!(engine.shared_bytes(), 0);
+    assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
+}

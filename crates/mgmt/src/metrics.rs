@@ -714,6 +714,8 @@ mod tests {
             exports: vec!["v".into()],
             created_unix_s: 0,
             io: Default::default(),
+            origin: None,
+            snapshot: false,
         };
         let export = stria_proto::mgmt::ExportInfo {
             name: "v".into(),

@@ -133,8 +133,9 @@ pub struct Mgmt {
     pools: PoolResolver,
     gateway: Arc<RwLock<Option<Arc<dyn Gateway>>>>,
     events: Arc<EventLog>,
-    /// Held by requests that change a volume's data (resize, delete, snapshot, clone): a
-    /// delete or shrink of a volume being copied would leave the copy with part of its data.
+    /// Held by requests that change a volume's data (resize, delete, snapshot, clone) and by
+    /// export adds: a delete or shrink of a volume being copied would leave the copy with part
+    /// of its data, and a new export's writes would not be held back.
     data_changes: Arc<std::sync::Mutex<()>>,
 }
 
@@ -312,11 +313,13 @@ impl Mgmt {
     }
 
     fn dispatch(&self, request: MgmtRequest) -> MgmtResult {
+        // An export added during a copy would write to the source unheld.
         let _data_change = matches!(
             request,
             MgmtRequest::VolumeResize { .. }
                 | MgmtRequest::VolumeDelete { .. }
                 | MgmtRequest::VolumeCopy { .. }
+                | MgmtRequest::ExportAdd { .. }
         )
         .then(|| self.data_changes.lock().unwrap_or_else(|e| e.into_inner()));
         match request {
@@ -450,8 +453,11 @@ impl Mgmt {
             io.clone_to(record.object)
         };
         if let Err(status) = copied {
-            // What some targets copied goes with the record.
-            let _ = self.finish_delete(&record);
+            // What some targets copied goes with the record; if that fails too, the record
+            // stays `copying` and the next start removes it.
+            if let Err(e) = self.finish_delete(&record) {
+                tracing::warn!(volume = name, "removing a failed copy: {e}");
+            }
             return Err(fs_error("copying the volume's data", status));
         }
         let record = self.registry.update_volume(name, |v| {

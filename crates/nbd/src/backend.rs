@@ -158,6 +158,20 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Option<BackendFuture<'a>> {
         None
     }
+    /// [`Backend::trim`] without the blocking pool; as [`Backend::read_async`].
+    fn trim_async(&self, _offset: u64, _len: u64) -> Option<BackendFuture<'_>> {
+        None
+    }
+    /// [`Backend::write_zeroes`] without the blocking pool; as [`Backend::read_async`].
+    fn write_zeroes_async(
+        &self,
+        _offset: u64,
+        _len: u64,
+        _may_trim: bool,
+        _fua: bool,
+    ) -> Option<BackendFuture<'_>> {
+        None
+    }
 }
 
 #[cfg(test)]

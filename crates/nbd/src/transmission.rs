@@ -637,6 +637,13 @@ async fn run_async(
             let result = backend.write_async(offset, data, fua)?.await;
             Some(result.map(|()| Done { bytes_written: length as u64, ..ok(handle) }))
         }
+        Command::Trim { offset, length } if length > 0 => {
+            Some(backend.trim_async(offset, length as u64)?.await.map(|()| ok(handle)))
+        }
+        Command::WriteZeroes { offset, length, may_trim, fua } if length > 0 => {
+            let zeroed = backend.write_zeroes_async(offset, length as u64, may_trim, fua)?.await;
+            Some(zeroed.map(|()| ok(handle)))
+        }
         _ => None,
     }
 }

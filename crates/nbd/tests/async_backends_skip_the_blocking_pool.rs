@@ -5,7 +5,8 @@
 //! memory) is answered by the connection's reader in batches; that holds up with far more
 //! requests in flight than the connection's slots and byte budget allow. A backend that
 //! reads into buffers of its own has them sent after the reply header as they are, in either
-//! reply style; one that returns the wrong number of bytes fails that read with EIO.
+//! reply style; one that returns the wrong number of bytes fails that read with EIO. Trims and
+//! write-zeroes take the asynchronous path too when the backend has one.
 
 mod common;
 
@@ -23,6 +24,8 @@ struct AsyncMem {
     inner: MemBackend,
     async_reads: AtomicU64,
     async_writes: AtomicU64,
+    /// Trims and write-zeroes taken on the asynchronous path.
+    async_zeroings: AtomicU64,
     poison: u64,
     /// Complete without yielding, as a read served from memory does.
     ready: bool,
@@ -41,6 +44,7 @@ impl AsyncMem {
             inner: MemBackend::new(size),
             async_reads: AtomicU64::new(0),
             async_writes: AtomicU64::new(0),
+            async_zeroings: AtomicU64::new(0),
             poison: u64::MAX,
             ready: false,
             read_panic: u64::MAX,
@@ -63,11 +67,22 @@ impl Backend for AsyncMem {
     fn flush(&self) -> Result<(), BackendError> {
         self.inner.flush()
     }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.inner.trim(offset, len)
+    fn trim(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
+        Err(BackendError::io("the blocking trim path must not be used"))
     }
-    fn write_zeroes(&self, o: u64, l: u64, t: bool, f: bool) -> Result<(), BackendError> {
-        self.inner.write_zeroes(o, l, t, f)
+    fn write_zeroes(&self, _o: u64, _l: u64, _t: bool, _f: bool) -> Result<(), BackendError> {
+        Err(BackendError::io("the blocking write-zeroes path must not be used"))
+    }
+    fn trim_async(&self, offset: u64, len: u64) -> Option<BackendFuture<'_>> {
+        self.async_zeroings.fetch_add(1, Ordering::Relaxed);
+        Some(Box::pin(async move { self.inner.trim(offset, len) }))
+    }
+    fn write_zeroes_async(&self, o: u64, l: u64, t: bool, f: bool) -> Option<BackendFuture<'_>> {
+        self.async_zeroings.fetch_add(1, Ordering::Relaxed);
+        Some(Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.inner.write_zeroes(o, l, t, f)
+        }))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BackendError> {
         self.inner.block_status(offset, len)
@@ -170,12 +185,23 @@ fn reads_and_writes_take_the_async_path() {
             "write -P 0x22 0 4k",
             "-c",
             "read -P 0x22 0 4k",
+            "-c",
+            "discard 1M 64k",
+            "-c",
+            "write -z 2M 64k",
+            "-c",
+            "read -P 0 1M 64k",
+            "-c",
+            "read -P 0 2M 64k",
         ],
     );
     let text =
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("No space left on device"), "{text}");
     assert!(text.contains("read 4096/4096"), "the connection kept serving: {text}");
+    assert_eq!(text.matches("read 65536/65536").count(), 2, "trimmed and zeroed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    assert!(backend.async_zeroings.load(Ordering::Relaxed) >= 2, "trim and zeroes went async");
     server.stop();
 }
 

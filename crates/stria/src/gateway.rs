@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use stria_client::{Client, VolumeIo};
@@ -24,8 +24,11 @@ struct VolumeBackend {
     /// Every change (write, trim, zeroes) holds this shared; a snapshot holds it exclusively
     /// ([`Gateway::hold_writes`]), so it waits for the changes in progress and new ones wait
     /// for it. The lock is fair: a waiting snapshot is not starved by a stream of writes.
-    changes: Arc<tokio::sync::RwLock<()>>,
+    changes: Arc<ChangeLock>,
 }
+
+/// Held shared by every change of a volume's data, exclusively by a snapshot.
+type ChangeLock = tokio::sync::RwLock<()>;
 
 /// Requests served, for `stria_volume_*` metrics.
 #[derive(Default)]
@@ -138,6 +141,27 @@ impl Backend for VolumeBackend {
         }))
     }
 
+    fn trim_async(&self, offset: u64, len: u64) -> Option<BackendFuture<'_>> {
+        Some(Box::pin(async move {
+            let _change = self.changes.read().await;
+            self.io.trim_async(offset, len).await.map_err(|e| backend_error("trim", e))
+        }))
+    }
+
+    fn write_zeroes_async(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Option<BackendFuture<'_>> {
+        Some(Box::pin(async move {
+            let _change = self.changes.read().await;
+            let zeroed = self.io.write_zeroes_async(offset, len, may_trim, fua).await;
+            zeroed.map_err(|e| backend_error("write zeroes", e))
+        }))
+    }
+
     fn write_async<'a>(
         &'a self,
         offset: u64,
@@ -160,6 +184,10 @@ pub struct NbdGateway {
     exports: Exports,
     addr: SocketAddr,
     backends: Mutex<HashMap<ObjectId, Arc<VolumeBackend>>>,
+    /// Each volume's change lock, for as long as any backend of it lives: a connection keeps
+    /// its backend after the export is removed (or replaced), and a snapshot must hold its
+    /// writes back too.
+    change_locks: Mutex<HashMap<ObjectId, Weak<ChangeLock>>>,
     handle: stria_nbd::ShutdownHandle,
     clients: stria_nbd::Clients,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -195,6 +223,7 @@ impl NbdGateway {
             exports,
             addr,
             backends: Mutex::new(HashMap::new()),
+            change_locks: Mutex::new(HashMap::new()),
             handle,
             clients,
             task: Mutex::new(Some(task)),
@@ -217,10 +246,20 @@ impl NbdGateway {
     fn backend(&self, volume: &VolumeRecord) -> Arc<VolumeBackend> {
         let mut backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         let backend = backends.entry(volume.object).or_insert_with(|| {
+            let mut locks = self.change_locks.lock().unwrap_or_else(|e| e.into_inner());
+            locks.retain(|_, lock| lock.strong_count() > 0);
+            let changes = match locks.get(&volume.object).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(ChangeLock::default());
+                    locks.insert(volume.object, Arc::downgrade(&lock));
+                    lock
+                }
+            };
             Arc::new(VolumeBackend {
                 io: self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes),
                 counts: Counts::default(),
-                changes: Arc::default(),
+                changes,
             })
         });
         backend.io.set_size(volume.size_bytes);
@@ -277,8 +316,8 @@ impl Gateway for NbdGateway {
 
     fn hold_writes(&self, object: ObjectId) -> Option<WriteHold> {
         let changes = {
-            let backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
-            backends.get(&object)?.changes.clone()
+            let locks = self.change_locks.lock().unwrap_or_else(|e| e.into_inner());
+            locks.get(&object)?.upgrade()?
         };
         // Called off the runtime's workers (management requests run on a blocking pool).
         let hold = match tokio::runtime::Handle::try_current() {

@@ -327,6 +327,82 @@ fn snapshots_and_clones_keep_their_instant() {
     node.stop();
 }
 
+/// A snapshot of a volume striped over three targets, taken while one client writes 4 KiB
+/// blocks all over it, one after the other (each acknowledged before the next), is a clean
+/// cut: for some instant, every block holds the last write made to it before that instant.
+#[test]
+fn a_snapshot_across_targets_is_of_one_instant() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    require_fuse();
+    let dir = scratch("volume-instant");
+    let mut node = Node::start(
+        &dir,
+        &["--targets", "3", "--drives", "3", "--raid", "5", "--drive-size", "96M"],
+    );
+    ok(
+        "volume create",
+        node.cli(&["volume", "create", "v", "--size", "128M", "--stripe-size", "64K"]),
+    );
+    create_export_of(&node, "v");
+    let shown = volume_json(&node, "v");
+    assert_eq!(shown["targets"].as_array().map(Vec::len), Some(3), "{shown}");
+    let blocks = 128 * MIB / 4096;
+    // Every chunk exists (written with zeros), so copying them takes a while: a copy that did
+    // not hold the writes back would be torn.
+    qemu_io(&uri(&node, "v"), &["write -P 0 0 128M", "flush"]);
+    // Write n (from 1) goes to block `place(n)`, all over the volume, and carries n.
+    let place = move |n: u64| n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29) % blocks;
+    let target = stria_nbd::client::NbdUri::parse(&uri(&node, "v")).expect("uri");
+    let (written, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let writer = {
+        let (written, stop) = (written.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut client = stria_nbd::client::NbdClient::connect(&target).expect("connect");
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let mut block = vec![0u8; 4096];
+                block[..8].copy_from_slice(&n.to_le_bytes());
+                client.write_at(place(n) * 4096, &block).expect("write");
+                written.store(n, Ordering::Relaxed);
+            }
+            n
+        })
+    };
+    while written.load(Ordering::Relaxed) < 2000 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = written.load(Ordering::Relaxed);
+    ok("snapshot under writes", node.cli(&["volume", "snapshot", "v", "cut"]));
+    let after = written.load(Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().expect("writer");
+    assert!(last > after, "writes went on after the snapshot");
+    ok("export cut", node.cli(&["export", "add", "cut", "--read-only"]));
+    ok("allow cut", node.cli(&["initiator", "allow", "cut", "127.0.0.1"]));
+    let image = read_volume(&dir, &uri(&node, "cut"), "cut");
+    let stamps: Vec<u64> = image
+        .chunks_exact(4096)
+        .map(|b| u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+        .collect();
+    // The instant: just after the newest write the snapshot holds.
+    let cut = stamps.iter().copied().max().unwrap_or(0);
+    assert!(cut >= before && cut <= after + 1, "cut {cut} not in {before}..={after}");
+    let mut want = vec![0u64; blocks as usize];
+    for n in 1..=cut {
+        want[place(n) as usize] = n;
+    }
+    let torn: Vec<(usize, u64, u64)> = (0..blocks as usize)
+        .filter(|&i| stamps[i] != want[i])
+        .map(|i| (i, stamps[i], want[i]))
+        .take(5)
+        .collect();
+    assert!(torn.is_empty(), "torn at write {cut}: (block, holds, should hold) {torn:?}");
+    node.stop();
+}
+
 fn create_export_of(node: &Node, volume: &str) {
     ok("export add", node.cli(&["export", "add", volume]));
     ok("initiator allow", node.cli(&["initiator", "allow", volume, "127.0.0.1"]));
