@@ -98,6 +98,15 @@ fn key(chunk: ChunkId) -> (u64, u64) {
     (chunk.object.0, chunk.index)
 }
 
+/// What [`Engine::check_sharing`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharingCheck {
+    /// Blocks named by more than one record.
+    pub shared_blocks: u64,
+    /// Of those, blocks a record of an object that never shares names.
+    pub wrongly_shared_blocks: u64,
+}
+
 /// Blocks to take one new copy of, and where they go in the chunk.
 struct Segment {
     first_block: u32,
@@ -880,6 +889,31 @@ impl Engine {
         self.sync()?;
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)
+    }
+
+    /// A check of the chunk map for `fsck`: how many blocks more than one record names, and
+    /// how many of those a record of an object that never shares names (`may_share` says
+    /// which may: volumes, whose snapshots and clones share; a file's blocks are its own).
+    /// The latter can only come from a damaged map: two chunks would overwrite each other.
+    pub fn check_sharing(
+        &self,
+        may_share: impl Fn(ObjectId) -> bool,
+    ) -> Result<SharingCheck, EngineError> {
+        let mut all = Vec::new();
+        let mut own = Vec::new();
+        self.scan_records((0, 0)..=(u64::MAX, u64::MAX), |chunk, rec| {
+            let runs = rec.physical_runs();
+            if !may_share(chunk.object) {
+                own.extend(runs.iter().copied());
+            }
+            all.extend(runs);
+        })?;
+        let (_, shares) = crate::shares::overlay(&all);
+        let wrongly_shared = own.iter().map(|&run| shares.shared_in(run)).sum::<u64>();
+        Ok(SharingCheck {
+            shared_blocks: shares.shared_blocks(),
+            wrongly_shared_blocks: wrongly_shared,
+        })
     }
 
     /// Blocks named by more than one chunk record (clones).

@@ -40,7 +40,7 @@ pub mod testing;
 mod usage;
 
 pub use cache::ReadCacheStats;
-pub use engine::{Engine, MAP_FILE_NAME, SpaceStats, WriteDone};
+pub use engine::{Engine, MAP_FILE_NAME, SharingCheck, SpaceStats, WriteDone};
 pub use error::EngineError;
 pub use packer::Retired;
 pub use usage::ObjectUsage;

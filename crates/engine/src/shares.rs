@@ -28,6 +28,16 @@ impl Shares {
         self.blocks
     }
 
+    /// Blocks of `run` named more than once.
+    pub(crate) fn shared_in(&self, (start, n): Run) -> u64 {
+        let end = start + n;
+        let from = self.runs.range(..start).next_back().map_or(start, |(&s, _)| s);
+        self.runs
+            .range(from..end)
+            .map(|(&s, &(len, _))| (s + len).min(end).saturating_sub(s.max(start)))
+            .sum()
+    }
+
     /// Sets `run`, which lies past every run of the map, to `extra` references (at open); joins
     /// the last run when it meets it with the same count.
     pub(crate) fn push(&mut self, (start, n): Run, extra: u32) {
@@ -188,6 +198,17 @@ mod tests {
         assert_eq!(gone, vec![(8, 2), (12, 3), (20, 2), (25, 3)], "named by no record now");
         assert_eq!(runs(&s), vec![]);
         assert_eq!(s.shared_blocks(), 0);
+    }
+
+    #[test]
+    fn shared_blocks_of_a_run_are_counted() {
+        let mut s = Shares::default();
+        s.add((10, 10));
+        s.add((30, 5));
+        assert_eq!(s.shared_in((0, 100)), 15);
+        assert_eq!(s.shared_in((15, 20)), 10, "15..20 and 30..35");
+        assert_eq!(s.shared_in((12, 2)), 2, "inside a run");
+        assert_eq!(s.shared_in((20, 10)), 0, "between runs");
     }
 
     #[test]

@@ -44,6 +44,12 @@ fn a_clone_keeps_its_bytes_while_the_source_changes_and_goes() {
     check(&engine, 2, &snapshot, "the clone right after");
     assert_eq!(engine.space().used_bytes, used, "a clone takes no data blocks");
     assert_eq!(engine.shared_bytes(), used - empty, "every block of object 1 is shared");
+    // fsck's check: sharing is expected of objects that may share, a fault of any other.
+    let shared = (used - empty) / 4096;
+    let sharing = engine.check_sharing(|_| true).expect("check");
+    assert_eq!((sharing.shared_blocks, sharing.wrongly_shared_blocks), (shared, 0));
+    let sharing = engine.check_sharing(|o| o != ObjectId(1)).expect("check");
+    assert_eq!(sharing.wrongly_shared_blocks, shared, "object 1 may not share its blocks");
 
     // The source changes: overwrites, a punch, a truncate.
     for index in 0..6u64 {

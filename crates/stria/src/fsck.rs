@@ -120,6 +120,23 @@ pub fn run(args: FsckArgs) -> Result<()> {
             }
         }
     }
+    // Only volumes share blocks (snapshots and clones); a file's blocks are its own.
+    let mut shared_blocks = 0u64;
+    for target in &targets {
+        let volume = |o: ObjectId| o.0 & ObjectId::VOLUME_BIT != 0;
+        let check = target
+            .engine
+            .check_sharing(volume)
+            .with_context(|| format!("checking {}'s shared blocks", target.id))?;
+        shared_blocks += check.shared_blocks;
+        if check.wrongly_shared_blocks > 0 {
+            problems.push(format!(
+                "{}: {} blocks of files are also named by other chunks (a damaged chunk map: \
+                 writes to one would change the other)",
+                target.id, check.wrongly_shared_blocks
+            ));
+        }
+    }
     if !args.skip_raid {
         let stop = AtomicBool::new(false);
         for target in &targets {
@@ -141,6 +158,9 @@ pub fn run(args: FsckArgs) -> Result<()> {
         chunk_bytes,
         node.targets.len()
     );
+    if shared_blocks > 0 {
+        println!("{shared_blocks} blocks are shared by volumes and their snapshots or clones");
+    }
     if strays > 0 {
         let what = if args.repair { "freed" } else { "found (free them with --repair)" };
         println!(

@@ -320,6 +320,7 @@ fn snapshots_and_clones_keep_their_instant() {
     node.stop();
     let fsck = ok("fsck", node.cli(&["fsck"]));
     assert!(fsck.contains("fsck: clean") && !fsck.contains("stray"), "{fsck}");
+    assert!(fsck.contains("blocks are shared by volumes"), "{fsck}");
     node.restart();
     same_bytes(&read_volume(&dir, &uri(&node, "snap"), "snap-restart"), &original, "snapshot");
     same_bytes(&read_volume(&dir, &uri(&node, "copy"), "copy-restart"), &copy, "clone");
