@@ -346,10 +346,10 @@ impl VolumeIo {
     /// Makes the volume `dest` (an id with [`ObjectId::VOLUME_BIT`], no data yet) a copy of
     /// this one as it is now, on every target of the layout: the targets copy their chunk
     /// records and share the blocks (copy-on-write), so the copy costs no data I/O and either
-    /// volume's later writes leave the other as it was. Durable when it returns. Writes to
-    /// this volume must be held back meanwhile for the copy to be of one instant on every
-    /// target (the NBD gateway does that). On failure some targets may hold their part of
-    /// the copy: remove `dest`'s chunks before using its id again.
+    /// volume's later writes leave the other as it was. Durable after a flush of `dest`.
+    /// Writes to this volume must be held back meanwhile for the copy to be of one instant on
+    /// every target (the NBD gateway does that). On failure some targets may hold their part
+    /// of the copy: remove `dest`'s chunks before using its id again.
     pub fn clone_to(&self, dest: ObjectId) -> FsResult<()> {
         self.usable()?;
         if dest.0 & ObjectId::VOLUME_BIT == 0 || dest == self.shared.object {

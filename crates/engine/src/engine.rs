@@ -849,8 +849,8 @@ impl Engine {
     /// Makes `dest` a copy of `source`, sharing its blocks: each chunk record of `source` is
     /// copied under `dest`, and every block it names gains a reference instead of being copied
     /// (writes are copy-on-write, so a later write to either object takes new blocks and leaves
-    /// the other as it was). The copy is durable when this returns. `dest` must have no chunks.
-    /// Returns the number of chunks copied.
+    /// the other as it was). Like any change, the copy is durable after the next
+    /// [`Engine::sync`]. `dest` must have no chunks. Returns the number of chunks copied.
     ///
     /// Chunks are copied one at a time, each under its lock (and its copy's), so the rest of the
     /// target goes on meanwhile. Changes to `source` made while this runs may or may not be in
@@ -886,7 +886,6 @@ impl Engine {
             copied += 1;
             drop(first);
         }
-        self.sync()?;
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)
     }

@@ -90,19 +90,19 @@ fn run(seed: u64, steps: usize) {
                 synced(&mut history);
             }
             83..=87 if objects.len() < 6 => {
-                // A clone is durable when it returns, and so is everything before it.
+                // Each copy is a change like a write: it is in the map at once and durable
+                // at the next sync.
                 let source = c.object.0;
                 let dest = 100 + objects.len() as u64;
                 engine.clone_object(ObjectId(source), ObjectId(dest)).expect("clone");
                 objects.push(dest);
-                synced(&mut history);
                 let copies: Vec<(ChunkId, Vec<u8>)> = history
-                    .iter()
-                    .filter(|(k, _)| k.object.0 == source)
-                    .filter_map(|(k, h)| Some((chunk(dest, k.index), h[0].clone()?)))
+                    .keys()
+                    .filter(|k| k.object.0 == source)
+                    .filter_map(|&k| Some((chunk(dest, k.index), current(&history, k)?)))
                     .collect();
                 for (k, state) in copies {
-                    history.insert(k, vec![Some(state)]);
+                    record(&mut history, k, Some(state));
                 }
             }
             _ => {

@@ -452,6 +452,10 @@ impl Mgmt {
             let io = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
             io.clone_to(record.object)
         };
+        // Made durable after the source's writes go on again: the copy is in the targets'
+        // maps already, and a stop before this sync leaves the record `copying`.
+        let copy = self.client.volume(record.object, record.layout.clone(), record.size_bytes);
+        let copied = copied.and_then(|()| copy.flush());
         if let Err(status) = copied {
             // What some targets copied goes with the record; if that fails too, the record
             // stays `copying` and the next start removes it.

@@ -963,7 +963,8 @@ pub struct ObjectsRemove {
 
 /// Makes `dest` a copy of `source` on one target: every chunk record of `source` is copied
 /// and names the same blocks, which are shared until either object writes them. `dest` must
-/// have no chunks there (`Invalid` otherwise). Durable when answered; the reply is the epoch.
+/// have no chunks there (`Invalid` otherwise). Durable after the target's next sync, as a
+/// write is; the reply is the epoch.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ObjectClone {
     pub target: TargetId,
