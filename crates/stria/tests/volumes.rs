@@ -62,6 +62,37 @@ fn make_image(path: &Path, len: u64) -> Vec<u8> {
     image
 }
 
+/// Starts fio's `nbd` engine on `uri` with `verify` on: every block it writes is read back
+/// and checked (crc32c), and the first mismatch fails it. Its JSON report is on stdout.
+fn start_fio_verify(
+    uri: &str,
+    rw: &str,
+    bs: &str,
+    size: &str,
+    iodepth: &str,
+    loops: &str,
+) -> std::process::Child {
+    Command::new("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--size={size}"),
+            &format!("--iodepth={iodepth}"),
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            &format!("--loops={loops}"),
+            "--output-format=json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fio")
+}
+
 fn same_file(a: &Path, b: &Path) {
     let (x, y) = (std::fs::read(a).expect("read a"), std::fs::read(b).expect("read b"));
     assert_eq!(x.len(), y.len(), "{} and {} differ in size", a.display(), b.display());
@@ -287,25 +318,7 @@ fn snapshots_and_clones_keep_their_instant() {
     same_bytes(&read_volume(&dir, &snap_uri, "snap-again"), &original, "the snapshot again");
 
     // A snapshot taken while fio writes and verifies: writes pause for it, none fails.
-    let fio = std::process::Command::new("fio")
-        .args([
-            "--name=during",
-            "--ioengine=nbd",
-            &format!("--uri={base}"),
-            "--rw=randwrite",
-            "--bs=4k",
-            "--size=8M",
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--loops=20",
-            "--output-format=json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start fio");
+    let fio = start_fio_verify(&base, "randwrite", "4k", "8M", "16", "20");
     std::thread::sleep(std::time::Duration::from_millis(700));
     ok("snapshot under writes", node.cli(&["volume", "snapshot", "base", "busy"]));
     let out = fio.wait_with_output().expect("fio");
@@ -495,27 +508,7 @@ fn a_failed_drive_under_fio_verify_reaches_no_client() {
     let dir = scratch("volume-fault");
     let node = Node::start(&dir, &["--drives", "5", "--raid", "6", "--drive-size", "128M"]);
     create_exported(&node, "vol", "48M");
-    let fio_uri = format!("--uri={}", uri(&node, "vol"));
-    let fio = Command::new("fio")
-        .args([
-            "--name=fault",
-            "--ioengine=nbd",
-            &fio_uri,
-            "--rw=randrw",
-            "--bs=16k",
-            "--size=32M",
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--loops=40",
-            "--output-format=json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start fio");
-    let mut fio = fio;
+    let mut fio = start_fio_verify(&uri(&node, "vol"), "randrw", "16k", "32M", "8", "40");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(fio.try_wait().expect("fio status").is_none(), "fio ended before the drive failed");
     let failed =
