@@ -2,7 +2,8 @@
 //! without a token, takes the token from the URL fragment or its form (a wrong one brings the
 //! form back with the 401), and every page shows the live node: drive rows per `--drives`, the
 //! target optimal, then degraded with the failed drive after `stria target fail-drive`, a
-//! volume made by the CLI, the drive failure among the events. The Storage page's forms create
+//! volume made by the CLI and its snapshot (shown with its origin), the drive failure among the
+//! events. The Storage page's forms create
 //! a volume, show the API's refusal naming the field, and edit an access list. Screenshots of
 //! every page go to `target/test-artifacts/dashboard/`.
 //!
@@ -567,6 +568,11 @@ fn dashboard_pages_show_the_live_node_in_chromium() {
     assert!(position("volume_created") < position("node_started"));
     let failure = &dom.inners("event-row")[position("drive_failed")];
     assert!(strip_tags(failure).contains("t1-d1.img"), "{}", strip_tags(failure));
+
+    // A snapshot is a volume of its own, shown with its origin.
+    ok("snapshot", node.cli(&["volume", "snapshot", "web1", "web1-mon"]));
+    let dom = browser.page(&storage_url, "the snapshot", |d| d.count("volume-row") == 2);
+    assert_eq!(dom.text("volume-origin").as_deref(), Some("read-only snapshot of web1"));
 
     for (name, page_url) in before {
         let shot = artifacts.join(format!("{name}-after-drive-failure.png"));

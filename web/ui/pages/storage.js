@@ -180,7 +180,9 @@ function targetCard(ctx) {
 function volumeRow(v, ctx) {
   const ratio = v.allocated_bytes === null ? 0 : v.allocated_bytes / v.size_bytes;
   return h('tr', { 'data-testid': 'volume-row', 'data-volume': v.name, 'data-state': v.state },
-    h('td', {}, h('strong', {}, v.name)),
+    h('td', {}, h('strong', {}, v.name),
+      v.origin ? h('div', { class: 'muted small', 'data-testid': 'volume-origin' },
+        `${v.snapshot ? 'read-only snapshot' : 'clone'} of ${v.origin}`) : null),
     h('td', { class: 'num', 'data-testid': 'volume-size' }, f.bytes(v.size_bytes)),
     h('td', {}, v.allocated_bytes === null ? h('span', { class: 'muted' }, 'unknown (a target did not answer)')
       : [bar(ratio, { class: 'mini' }), ` ${f.bytes(v.allocated_bytes)}`]),
