@@ -70,7 +70,7 @@ enum Command {
     /// Software RAID 0, 1, 10, 5 and 6 over block devices or drive files: create, inspect,
     /// fail, replace, rebuild, scrub, raw read/write and benchmark.
     Raid(raid_cmd::RaidArgs),
-    /// Block volumes: create, list, show, resize, delete.
+    /// Block volumes: create, list, show, resize, delete, snapshot, clone.
     #[command(subcommand)]
     Volume(volume_cmd::VolumeCommand),
     /// NBD exports of volumes: add, list, remove.
