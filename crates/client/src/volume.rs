@@ -355,23 +355,12 @@ impl VolumeIo {
         if dest.0 & ObjectId::VOLUME_BIT == 0 || dest == self.shared.object {
             return Err(FsStatus::Invalid);
         }
-        let shared = &self.shared;
-        self.block(async {
-            let mut clones = JoinSet::new();
-            for target in distinct_targets(&shared.layout) {
-                let storage = shared.storage.clone();
-                let request = ObjectClone { target, source: shared.object, dest };
-                clones.spawn(async move { storage.object_clone(request).await });
-            }
-            let mut result = Ok(());
-            while let Some(done) = clones.join_next().await {
-                let done = done.unwrap_or(Err(FsStatus::Io));
-                if result.is_ok() {
-                    result = done;
-                }
-            }
-            result
-        })
+        let source = self.shared.object;
+        let clones = distinct_targets(&self.shared.layout).into_iter().map(|target| {
+            let storage = self.shared.storage.clone();
+            async move { storage.object_clone(ObjectClone { target, source, dest }).await }
+        });
+        self.block(self.run(clones, |()| ()))
     }
 
     fn block<T>(&self, work: impl Future<Output = T>) -> T {

@@ -820,7 +820,7 @@ impl Engine {
                 self.list_chunks(object)?.into_iter().map(|(index, _)| ChunkId { object, index }),
             );
         }
-        // Every chunk's lock, taken in stripe order (no other path holds two).
+        // Every chunk's lock, taken in stripe order (the only other path holding two, clone_object, takes them in that order too).
         let mut stripes: Vec<usize> = chunks.iter().map(|&c| Self::lock_index(c)).collect();
         stripes.sort_unstable();
         stripes.dedup();
@@ -872,7 +872,7 @@ impl Engine {
             let to = ChunkId { object: dest, index };
             // Two locks, in stripe order (as remove_objects takes many).
             let (a, b) = (Self::lock_index(from), Self::lock_index(to));
-            let first = self.locks[a.min(b)].write().unwrap_or_else(|e| e.into_inner());
+            let _first = self.locks[a.min(b)].write().unwrap_or_else(|e| e.into_inner());
             let _second =
                 (a != b).then(|| self.locks[a.max(b)].write().unwrap_or_else(|e| e.into_inner()));
             let Some(rec) = self.load_record(from)? else { continue };
@@ -884,7 +884,6 @@ impl Engine {
             self.records.put(Self::lock_index(to), to, rec);
             self.chunks.fetch_add(1, Ordering::Relaxed);
             copied += 1;
-            drop(first);
         }
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)

@@ -67,17 +67,18 @@ impl Shares {
         }
         let end = start + n;
         self.changed();
-        if let Some((len, extra)) = self.runs.get_mut(&start)
-            && *len == n
-        {
-            // A run shared already, as a whole (a second copy).
-            *extra += 1;
-        } else if let Some((&s, &(len, extra))) = self.runs.range(..end).next_back()
+        // The last run starting before the end: it tells the two cases that need no split.
+        let last = self.runs.range(..end).next_back().map(|(&s, &(len, extra))| (s, len, extra));
+        if last.is_none_or(|(s, len, _)| s + len <= start) {
+            // The common case (a first copy): no block of the run is shared yet.
+            self.runs.insert(start, (n, 1));
+            self.blocks += n;
+        } else if let Some((s, len, extra)) = last
             && s <= start
             && s + len >= end
         {
-            // Inside one run (a later copy, the run joined with its neighbours): cut it in
-            // up to three.
+            // Inside one run (a later copy; the run may be joined with its neighbours): cut
+            // it in up to three.
             if s < start {
                 self.runs.insert(s, (start - s, extra));
             }
@@ -85,10 +86,6 @@ impl Shares {
             if s + len > end {
                 self.runs.insert(end, (s + len - end, extra));
             }
-        } else if !self.overlaps(start, end) {
-            // The common case (a first copy): no block of the run is shared yet.
-            self.runs.insert(start, (n, 1));
-            self.blocks += n;
         } else {
             self.split_at(start);
             self.split_at(end);

@@ -209,14 +209,15 @@ impl Registry {
     }
 
     /// Records `name` as a copy of the volume `source` (same size and layout), in state
-    /// [`VolumeState::Copying`] until the data is copied, with its origin.
+    /// [`VolumeState::Copying`] until the data is copied, with its origin. Returns the
+    /// source's record and the copy's.
     pub fn create_copy(
         &self,
         source: &str,
         name: &str,
         snapshot: bool,
         now_unix_s: u64,
-    ) -> Result<VolumeRecord, MgmtError> {
+    ) -> Result<(VolumeRecord, VolumeRecord), MgmtError> {
         self.write(|tx| {
             let from: VolumeRecord = {
                 let volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
@@ -236,14 +237,14 @@ impl Registry {
                 tx,
                 name,
                 from.size_bytes,
-                from.layout,
+                from.layout.clone(),
                 VolumeState::Copying,
                 now_unix_s,
             )?;
             let origin = VolumeOrigin { source: source.to_string(), snapshot };
             let mut origins = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
             origins.insert(name, encode(&origin)?.as_slice()).map_err(|e| internal("insert", e))?;
-            Ok(record)
+            Ok((from, record))
         })
     }
 

@@ -445,8 +445,7 @@ impl Mgmt {
     /// The gateway holds the source's writes back meanwhile, so the copy is of one instant.
     fn copy_volume(&self, source: &str, name: &str, snapshot: bool) -> MgmtResult {
         check_name("volume", name)?;
-        let from = self.registry.volume(source)?;
-        let record = self.registry.create_copy(source, name, snapshot, now_unix_s())?;
+        let (from, record) = self.registry.create_copy(source, name, snapshot, now_unix_s())?;
         let copied = {
             let _hold = self.gateway().and_then(|g| g.hold_writes(from.object));
             let io = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
