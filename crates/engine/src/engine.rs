@@ -820,7 +820,8 @@ impl Engine {
                 self.list_chunks(object)?.into_iter().map(|(index, _)| ChunkId { object, index }),
             );
         }
-        // Every chunk's lock, taken in stripe order (the only other path holding two, clone_object, takes them in that order too).
+        // Every chunk's lock, taken in stripe order (clone_object, the only other path that
+        // holds two, takes them in that order too).
         let mut stripes: Vec<usize> = chunks.iter().map(|&c| Self::lock_index(c)).collect();
         stripes.sort_unstable();
         stripes.dedup();
