@@ -9,8 +9,9 @@
 //! - The stripe is taken wholly free from the allocator. A small write only copies its blocks
 //!   into the image and returns: no array I/O, no wait (write-back, as a page cache).
 //! - The stripe is *retired* when it is full, or when a write does not fit in what is left:
-//!   it is then written whole with one full-stripe write (zeros in an unused tail, which then
-//!   goes back to the allocator), so parity never needs a read or the journal. The write that
+//!   it is then written whole with one full-stripe write (an unused tail is written with
+//!   whatever the image holds there, then goes back to the allocator), so parity never needs
+//!   a read or the journal. Images are reused: a fresh one costs a page fault per 4 KiB. The write that
 //!   retired it gets a [`Retired`] handle and writes it out ([`Packer::write_retired`]),
 //!   after it let go of its chunk's lock, or hands that to another thread (the storage service
 //!   does, for writes it runs on its async worker); a writer that finds too many stripes
@@ -29,7 +30,8 @@
 //!   stripe again.
 //!
 //! On levels without parity (0, 1, 10) there is no write hole to avoid, but batching still
-//! turns many small writes into one array request; only the filled blocks are written.
+//! turns many small writes into one array request; only the filled blocks are written, and
+//! only writes of at most 64 KiB are packed (a larger one is a fair array request already).
 //!
 //! A failed stripe write is kept: every later packed write and the next sync fail with it (an
 //! array that refuses a full-stripe write has failed), and its blocks stay reserved until the
@@ -42,7 +44,7 @@ use stria_raid::Array;
 
 use crate::BLOCK;
 use crate::alloc::{Allocator, Run};
-use crate::cache::BlockCache;
+use crate::cache::{BlockCache, SMALL_IO_BLOCKS};
 use crate::error::EngineError;
 
 /// Largest stripe (data blocks) the packer keeps an image of: 4 MiB, the engine's largest
@@ -58,12 +60,21 @@ const RETIRING_MAX: usize = 2;
 /// block (a partial-stripe update) rather than whole.
 const SPARSE_CLOSE_FRACTION: u64 = 4;
 
+/// Images kept for reuse by the next open stripe. A fresh image is zeroed memory the kernel
+/// must fault in page by page: with 1 MiB writes packed into 2.5 MiB stripes, faulting and
+/// zeroing fresh images took a third of the storage thread's time.
+const SPARE_IMAGES_MAX: usize = RETIRING_MAX + 2;
+
 #[derive(Debug)]
 pub(crate) struct Packer {
     state: Mutex<State>,
     wake: Condvar,
     stripe_blocks: u64,
-    /// Writes longer than this take the ordinary path.
+    /// Writes longer than this take the ordinary path: half a stripe on parity levels, where
+    /// a shorter write on its own would be a journaled partial-stripe update; at most
+    /// [`SMALL_IO_BLOCKS`] on the others, where packing only batches, and a larger write is a
+    /// large enough array request already, which packing would copy twice (into the image,
+    /// then into the read cache).
     job_blocks_max: u64,
     /// The array keeps parity: a stripe is written whole, so parity needs no reads.
     parity: bool,
@@ -79,6 +90,8 @@ struct State {
     closing: bool,
     /// Why a stripe write failed; sticky until the target is reopened.
     failed: Option<String>,
+    /// Images of written stripes no reader held, for the next open stripes.
+    spare: Vec<AlignedBuf>,
 }
 
 #[derive(Clone, Debug)]
@@ -87,7 +100,12 @@ struct Stripe {
     first_block: u64,
     /// Blocks `[0, filled)` hold data.
     filled: u64,
-    /// The stripe's content. Shared with readers and with the thread writing it out; a write
+    /// Runs of blocks (index in the stripe, count) written by small writes (at most
+    /// [`SMALL_IO_BLOCKS`]), which the read cache takes when the stripe is written. Larger
+    /// writes' blocks stay out of it, as the engine's unpacked large writes do.
+    small: Vec<(u64, u64)>,
+    /// The stripe's content. Blocks past `filled` hold zeros or bytes of an earlier stripe
+    /// (a reused image): they are free, and only a whole-stripe write sends them to the array. Shared with readers and with the thread writing it out; a write
     /// into the open stripe copies it only while somebody else holds it.
     image: Arc<AlignedBuf>,
     /// A retiring stripe whose write has started (a thread claimed it).
@@ -140,13 +158,17 @@ impl Packer {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             stripe_blocks,
-            job_blocks_max: stripe_blocks / 2,
+            job_blocks_max: if g.level.is_parity() {
+                stripe_blocks / 2
+            } else {
+                (stripe_blocks / 2).min(SMALL_IO_BLOCKS)
+            },
             parity: g.level.is_parity(),
         })
     }
 
     /// Whether a write of `bytes` at `offset` of a chunk would be packed: whole blocks, no
-    /// more than half a stripe. Such a write does no array I/O unless it retires a stripe.
+    /// more than `job_blocks_max`. Such a write does no array I/O unless it retires a stripe.
     pub(crate) fn takes(&self, offset: u64, bytes: u64) -> bool {
         offset.is_multiple_of(BLOCK as u64)
             && bytes.is_multiple_of(BLOCK as u64)
@@ -217,10 +239,15 @@ impl Packer {
             // Reads try the cache before the images: entries left from the blocks' last use
             // must go before any of them is handed out.
             cache.invalidate(first_block, self.stripe_blocks);
+            let image = st
+                .spare
+                .pop()
+                .unwrap_or_else(|| AlignedBuf::zeroed(self.stripe_blocks as usize * BLOCK));
             st.open = Some(Stripe {
                 first_block,
                 filled: 0,
-                image: Arc::new(AlignedBuf::zeroed(self.stripe_blocks as usize * BLOCK)),
+                small: Vec::new(),
+                image: Arc::new(image),
                 writing: false,
             });
         }
@@ -228,6 +255,12 @@ impl Packer {
         let at = o.filled as usize * BLOCK;
         Arc::make_mut(&mut o.image)[at..at + data.len()].copy_from_slice(data);
         let runs = vec![(o.first_block + o.filled, n)];
+        if n <= SMALL_IO_BLOCKS {
+            match o.small.last_mut() {
+                Some((at, count)) if *at + *count == o.filled => *count += n,
+                _ => o.small.push((o.filled, n)),
+            }
+        }
         o.filled += n;
         if o.filled == self.stripe_blocks {
             let full = st.open.take().expect("open");
@@ -283,10 +316,19 @@ impl Packer {
         };
         if result.is_ok() {
             // Small writes' blocks stay readable from memory once they leave the image.
-            cache.put(stripe.first_block, &stripe.image[..stripe.filled as usize * BLOCK]);
+            for &(at, count) in &stripe.small {
+                let bytes = &stripe.image[at as usize * BLOCK..(at + count) as usize * BLOCK];
+                cache.put(stripe.first_block + at, bytes);
+            }
         }
         let mut st = lock(&self.state);
         st.retiring.retain(|s| s.first_block != stripe.first_block);
+        // Unless a reader still holds it, the image serves the next open stripe.
+        if let Ok(image) = Arc::try_unwrap(stripe.image)
+            && st.spare.len() < SPARE_IMAGES_MAX
+        {
+            st.spare.push(image);
+        }
         let result = match result {
             Ok(()) => {
                 if stripe.filled < self.stripe_blocks {

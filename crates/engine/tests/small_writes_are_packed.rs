@@ -339,3 +339,62 @@ fn a_filled_stripe_written_out_later_reports_its_failure_then_and_at_the_sync() 
     assert!(matches!(err.status(), FsStatus::Io | FsStatus::ReadOnly), "{err}");
     std::mem::forget(engine); // dropping would try to sync the dead array again
 }
+
+#[test]
+fn only_writes_that_gain_are_packed_and_only_small_ones_are_cached() {
+    // RAID 0 of 8 drives with a 64 KiB unit: a 512 KiB stripe. Without parity, packing only
+    // batches, so a 128 KiB write (a quarter of the stripe) goes to the array on its own.
+    let drives = Drives::new(8, 16 << 20);
+    let array = drives.create(stria_raid::Level::Raid0, 64 * 1024);
+    let dir = temp_dir("packed-plain-wide");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    assert!(engine.write_is_buffered(0, 64 * 1024), "a 64 KiB write is batched");
+    assert!(!engine.write_is_buffered(0, 128 * 1024), "a 128 KiB write is not");
+    let before = bytes_written(&array);
+    let large = vec![7u8; 128 * 1024];
+    engine.write(chunk(1, 0), 0, &large, None).expect("write");
+    assert!(bytes_written(&array) - before >= large.len() as u64, "written at once");
+    assert_eq!(engine.read(chunk(1, 0), 0, 1 << 20).expect("read"), large);
+
+    // RAID 5 of 12 drives with a 16 KiB unit: a 176 KiB stripe (44 blocks). An 80 KiB write
+    // is packed (it would be a journaled partial-stripe update on its own), but when the
+    // stripe is written only the small write's blocks go into the read cache.
+    let drives = Drives::new(12, 16 << 20);
+    let array = drives.create(stria_raid::Level::Raid5, 16 * 1024);
+    let dir = temp_dir("packed-parity-wide");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    engine.set_read_cache_bytes(16 << 20);
+    assert!(engine.write_is_buffered(0, 80 * 1024));
+    let (journaled, before) = (array.status().journal_records, bytes_written(&array));
+    let large = vec![9u8; 80 * 1024];
+    let small = vec![3u8; 8 * 1024];
+    engine.write(chunk(2, 0), 0, &large, None).expect("write");
+    engine.write(chunk(3, 0), 0, &small, None).expect("write");
+    assert_eq!(bytes_written(&array), before, "both wait in the open stripe");
+    engine.sync().expect("sync");
+    assert_eq!(array.status().journal_records, journaled, "one full-stripe write");
+    assert_eq!(
+        engine.read_cache_stats().held_bytes,
+        small.len() as u64,
+        "only the small write's blocks are cached"
+    );
+    // Written stripes' images are reused: fill several stripes with both sizes, out of order,
+    // and everything reads back, also with a drive lost.
+    let mut model: Vec<Vec<u8>> = vec![Vec::new(); 8];
+    let mut rng = Rng::new(4242);
+    for _ in 0..200 {
+        let object = rng.below(8);
+        let blocks = if rng.below(2) == 0 { 1 + rng.below(3) } else { 17 + rng.below(5) };
+        let offset = rng.below(8) as usize * 4096;
+        let data = rng.bytes(blocks as usize * 4096);
+        engine.write(chunk(10 + object, 0), offset as u32, &data, None).expect("write");
+        model_write(&mut model[object as usize], offset, &data);
+    }
+    engine.sync().expect("sync");
+    array.fail_drive(5).expect("fail a drive");
+    for (object, want) in model.iter().enumerate() {
+        let got = engine.read(chunk(10 + object as u64, 0), 0, 1 << 20).expect("read");
+        assert!(got == *want, "object {object} reads back");
+    }
+    assert_eq!(engine.read(chunk(2, 0), 0, 1 << 20).expect("read"), large);
+}
