@@ -261,7 +261,8 @@ fn a_filled_stripe_is_written_by_its_writer_later_or_else_by_the_next_writer_or_
     assert_eq!(bytes_written(&array), written);
 
     // Filled stripes nobody writes out: writers short of room write them; no one waits forever.
-    let stripes = 6;
+    // More than the eight the packer lets wait.
+    let stripes = 12;
     let mut dropped = 0;
     for i in stripe_blocks..stripe_blocks * (1 + stripes) {
         dropped += usize::from(write(i).1.is_some());
@@ -397,4 +398,35 @@ fn only_writes_that_gain_are_packed_and_only_small_ones_are_cached() {
         assert!(got == *want, "object {object} reads back");
     }
     assert_eq!(engine.read(chunk(2, 0), 0, 1 << 20).expect("read"), large);
+}
+
+#[test]
+fn a_write_longer_than_the_room_left_fills_the_stripe_and_goes_on_in_the_next() {
+    // RAID 5 of 12 drives, 16 KiB unit: 44 data blocks a stripe. Writes of 20 blocks fill
+    // 22 x 20 / 44 = 10 stripes exactly when each one's room is used; left unused, every
+    // stripe would hold two writes and the 22 would take 11.
+    let drives = Drives::new(12, 16 << 20);
+    let array = drives.create(stria_raid::Level::Raid5, 16 * 1024);
+    let dir = temp_dir("packed-split");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    let stripe_bytes = 12 * 16 * 1024; // data and parity
+    let before = bytes_written(&array);
+    let mut rng = Rng::new(31);
+    let writes: Vec<Vec<u8>> = (0..22).map(|_| rng.bytes(20 * 4096)).collect();
+    for (i, data) in writes.iter().enumerate() {
+        engine.write(chunk(i as u64 + 1, 0), 0, data, None).expect("write");
+    }
+    engine.sync().expect("sync");
+    let written = bytes_written(&array) - before;
+    assert!(
+        (10 * stripe_bytes..10 * stripe_bytes + stripe_bytes / 2).contains(&written),
+        "ten stripes written, not eleven: {written} bytes"
+    );
+    array.fail_drive(3).expect("fail a drive");
+    for (i, data) in writes.iter().enumerate() {
+        let got = engine.read(chunk(i as u64 + 1, 0), 0, 1 << 20).expect("read");
+        assert!(got == *data, "write {i} reads back");
+    }
+    let space = engine.space();
+    assert_eq!(space.used_bytes + space.free_bytes + space.reclaimable_bytes, space.total_bytes);
 }
