@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/bench-nbd.sh: fio nbd-engine rows (1 MiB sequential at iodepth 8, 4 KiB random at
-# iodepth 32) against Stria volumes on RAID 0 and RAID 6 targets and against `nbdkit file` (page
-# cache and cache=none) on the same disk, in one run. Needs fio, nbdkit (apt) and a release build
+# iodepth 32) against Stria volumes on RAID 0 and RAID 6 targets (5 and 6 drives, then both on
+# 12, a usual NVMe server's width, where RAID 6 writes 1.2 times the bytes instead of 1.5) and
+# against `nbdkit file` (page cache and cache=none) on the same disk, in one run. Needs fio, nbdkit (apt) and a release build
 # (cargo build --release -p stria). Env: STRIA (binary), SIZE (working set, 1g), RT (seconds, 10),
 # READ_CACHE (Stria's read cache, 2G: nbdkit reads through the kernel's page cache, which holds
 # the whole working set on this machine, so Stria gets a cache that can hold it too).
@@ -38,7 +39,7 @@ stria_rows() {  # stria_rows LEVEL DRIVES
   $S volume create v --size 2G --data $data >/dev/null && $S export add v --data $data >/dev/null && \
     $S initiator allow v 127.0.0.1 --data $data >/dev/null
   addr=$(python3 -c "import json;print(json.load(open('$data/run.json'))['nbd'])")
-  rows "stria-raid$level" "nbd://$addr/v"
+  rows "stria-raid$level-x$drives" "nbd://$addr/v"
   kill -TERM $pid; wait $pid; rm -rf $data
 }
 nbdkit_rows() {  # nbdkit_rows LABEL [file plugin params]
@@ -55,3 +56,5 @@ stria_rows 0 5
 nbdkit_rows nbdkit-file
 stria_rows 6 6
 nbdkit_rows nbdkit-file-cache-none cache=none
+stria_rows 0 12
+stria_rows 6 12
