@@ -22,6 +22,8 @@ use crate::records::RecordCache;
 use crate::superblock::{FORMAT_VERSION, Superblock};
 use crate::{BLOCK, EngineError};
 
+mod clones;
+
 /// File name of the chunk map inside the directory the caller gives.
 pub const MAP_FILE_NAME: &str = "chunkmap.redb";
 /// Chunk locks are striped over this many reader-writer locks (by chunk id hash).
@@ -76,6 +78,8 @@ pub struct Engine {
     records: RecordCache,
     committer: Committer,
     chunks: AtomicU64,
+    /// Copies begun and not finished (`clones`).
+    clones: clones::Clones,
 }
 
 // The storage service shares one engine between all its request threads.
@@ -276,6 +280,7 @@ impl Engine {
             alloc: Mutex::new(alloc),
             committer: Committer::default(),
             chunks: AtomicU64::new(chunks),
+            clones: clones::Clones::default(),
         })
     }
 
@@ -633,7 +638,7 @@ impl Engine {
             }
         }
         self.committer.check()?;
-        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.lock_for_change(chunk)?;
         let existing = self.take_record(chunk)?;
         let existed = existing.is_some();
         let rec = existing.unwrap_or_default();
@@ -687,7 +692,7 @@ impl Engine {
     pub fn truncate(&self, chunk: ChunkId, len: u32) -> Result<(), EngineError> {
         Self::check_end(chunk, len as u64)?;
         self.committer.check()?;
-        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.lock_for_change(chunk)?;
         let existing = self.take_record(chunk)?;
         let existed = existing.is_some();
         let rec = existing.unwrap_or_default();
@@ -731,7 +736,7 @@ impl Engine {
         drop_empty: bool,
     ) -> Result<bool, EngineError> {
         self.committer.check()?;
-        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.lock_for_change(chunk)?;
         let Some(rec) = self.take_record(chunk)? else { return Ok(false) };
         let start = offset as u64;
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);
@@ -791,7 +796,7 @@ impl Engine {
     /// Removes the chunk and frees its blocks. Returns whether it existed.
     pub fn remove(&self, chunk: ChunkId) -> Result<bool, EngineError> {
         self.committer.check()?;
-        let _exclusive = self.lock_of(chunk).write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.lock_for_change(chunk)?;
         let Some(rec) = self.take_record(chunk)? else { return Ok(false) };
         self.remove_locked(chunk, &rec)?;
         Ok(true)
@@ -814,21 +819,37 @@ impl Engine {
     /// chunks there were. Many small files' chunks go for the price of one commit.
     pub fn remove_objects(&self, objects: &[ObjectId]) -> Result<u64, EngineError> {
         self.committer.check()?;
-        let mut chunks = Vec::new();
-        for &object in objects {
-            chunks.extend(
-                self.list_chunks(object)?.into_iter().map(|(index, _)| ChunkId { object, index }),
-            );
-        }
-        // Every chunk's lock, taken in stripe order (clone_object, the only other path that
-        // holds two, takes them in that order too).
-        let mut stripes: Vec<usize> = chunks.iter().map(|&c| Self::lock_index(c)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let _exclusive: Vec<_> = stripes
-            .iter()
-            .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        // A copy into a removed object is of no use any more; one out of it must have every
+        // chunk before the chunks go.
+        self.cancel_clones_into(objects);
+        let (chunks, _exclusive) = loop {
+            self.finish_clones_from(objects)?;
+            let mut chunks = Vec::new();
+            for &object in objects {
+                chunks.extend(
+                    self.list_chunks(object)?
+                        .into_iter()
+                        .map(|(index, _)| ChunkId { object, index }),
+                );
+            }
+            // Every chunk's lock, taken in stripe order (the copies in `clones`, the only
+            // other paths that hold two, take them in that order too).
+            let mut stripes: Vec<usize> = chunks.iter().map(|&c| Self::lock_index(c)).collect();
+            stripes.sort_unstable();
+            stripes.dedup();
+            let exclusive: Vec<_> = stripes
+                .iter()
+                .map(|&i| self.locks[i].write().unwrap_or_else(|e| e.into_inner()))
+                .collect();
+            // A copy out of these objects begun meanwhile is finished first.
+            let mut due = false;
+            for &chunk in &chunks {
+                due |= self.clone_due(chunk)?;
+            }
+            if !due {
+                break (chunks, exclusive);
+            }
+        };
         let mut removals = Vec::new();
         let mut runs = Vec::new();
         for &chunk in &chunks {
@@ -845,49 +866,6 @@ impl Engine {
         self.release_later(&runs);
         self.chunks.fetch_sub(removed, Ordering::Relaxed);
         Ok(removed)
-    }
-
-    /// Makes `dest` a copy of `source`, sharing its blocks: each chunk record of `source` is
-    /// copied under `dest`, and every block it names gains a reference instead of being copied
-    /// (writes are copy-on-write, so a later write to either object takes new blocks and leaves
-    /// the other as it was). Like any change, the copy is durable after the next
-    /// [`Engine::sync`]. `dest` must have no chunks. Returns the number of chunks copied.
-    ///
-    /// Chunks are copied one at a time, each under its lock (and its copy's), so the rest of the
-    /// target goes on meanwhile. Changes to `source` made while this runs may or may not be in
-    /// the copy: for a copy of one instant the caller holds them back (the NBD gateway does).
-    /// On an error, some chunks may have been copied: remove `dest` before using it again.
-    pub fn clone_object(&self, source: ObjectId, dest: ObjectId) -> Result<u64, EngineError> {
-        self.committer.check()?;
-        if source == dest {
-            return Err(EngineError::Invalid(format!("cannot clone object {source} onto itself")));
-        }
-        if !self.list_chunks(dest)?.is_empty() {
-            return Err(EngineError::Invalid(format!(
-                "cannot clone into object {dest}: it has chunks already"
-            )));
-        }
-        let mut copied = 0u64;
-        for (index, _) in self.list_chunks(source)? {
-            let from = ChunkId { object: source, index };
-            let to = ChunkId { object: dest, index };
-            // Two locks, in stripe order (as remove_objects takes many).
-            let (a, b) = (Self::lock_index(from), Self::lock_index(to));
-            let _first = self.locks[a.min(b)].write().unwrap_or_else(|e| e.into_inner());
-            let _second =
-                (a != b).then(|| self.locks[a.max(b)].write().unwrap_or_else(|e| e.into_inner()));
-            let Some(rec) = self.load_record(from)? else { continue };
-            // The references are taken before the copy is staged. If staging fails, the
-            // target is poisoned and frees no parked block until it is reopened, when the
-            // counts are rebuilt from the map: the references are simply left.
-            lock(&self.alloc).share(&rec.physical_runs());
-            self.committer.commit(&self.db, (key(to), Some(rec.clone())))?;
-            self.records.put(Self::lock_index(to), to, rec);
-            self.chunks.fetch_add(1, Ordering::Relaxed);
-            copied += 1;
-        }
-        tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
-        Ok(copied)
     }
 
     /// A check of the chunk map for `fsck`: how many blocks more than one record names, and

@@ -163,3 +163,175 @@ fn clones_taken_under_writes_hold_states_their_source_had() {
     assert_eq!(engine.shared_bytes(), 0);
     assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
 }
+
+/// `begin_clone` notes the instant; changes to the source before `finish_clone` (overwrites,
+/// punches, truncates, removed and new chunks) copy their chunk first, so the finished copy
+/// is the source at the begin. Meanwhile the copy may not change, and no second copy of
+/// either object begins.
+#[test]
+fn a_begun_copy_is_of_its_begin_whatever_changes_before_it_is_finished() {
+    for seed in seeds(4) {
+        let (_drives, array) = raid5(32);
+        let dir = temp_dir("clone-begun");
+        let engine = Engine::create(array, &dir, TargetId(1)).expect("create");
+        let empty = engine.space().used_bytes;
+        let mut rng = Rng::new(seed);
+        let mut source: Model = Vec::new();
+        for index in 0..6u64 {
+            let len = 1 + rng.below(300_000) as usize;
+            let bytes = rng.bytes(len);
+            engine.write(chunk(1, index), 0, &bytes, None).expect("write");
+            source.push(bytes);
+        }
+        assert_eq!(engine.begin_clone(ObjectId(1), ObjectId(2)).expect("begin"), 6);
+        let at_begin = source.clone();
+        assert!(engine.write(chunk(2, 0), 0, &[9u8; 4096], None).is_err(), "the copy is fixed");
+        assert!(engine.begin_clone(ObjectId(1), ObjectId(3)).is_err(), "one copy at a time");
+        assert!(engine.begin_clone(ObjectId(2), ObjectId(3)).is_err(), "not of a copy underway");
+        // Chunks that exist, one removed, and new ones past the end.
+        for _ in 0..40 {
+            let index = rng.below(8);
+            let model = (index as usize) < source.len();
+            match rng.below(4) {
+                0 if model => {
+                    let len = source[index as usize].len();
+                    let at = rng.below(len as u64 + 1) as u32;
+                    let n = rng.below(20_000) as u32;
+                    engine.punch(chunk(1, index), at, n).expect("punch");
+                    let end = (at as usize + n as usize).min(len);
+                    source[index as usize][at as usize..end.max(at as usize)].fill(0);
+                }
+                1 if model => {
+                    let len = rng.below(200_000) as u32;
+                    engine.truncate(chunk(1, index), len).expect("truncate");
+                    source[index as usize].resize(len as usize, 0);
+                }
+                2 if index == 5 => {
+                    engine.remove(chunk(1, 5)).expect("remove a chunk");
+                    source[5].clear();
+                }
+                _ => {
+                    let at = rng.below(100_000) as usize;
+                    let len = 1 + rng.below(70_000) as usize;
+                    let bytes = rng.bytes(len);
+                    engine.write(chunk(1, index), at as u32, &bytes, None).expect("write");
+                    if !model {
+                        source.resize(index as usize + 1, Vec::new());
+                    }
+                    let m = &mut source[index as usize];
+                    if m.len() < at + bytes.len() {
+                        m.resize(at + bytes.len(), 0);
+                    }
+                    m[at..at + bytes.len()].copy_from_slice(&bytes);
+                }
+            }
+        }
+        assert_eq!(engine.finish_clone(ObjectId(1), ObjectId(2)).expect("finish"), 6);
+        check(&engine, 2, &at_begin, "the copy");
+        for (index, want) in source.iter().enumerate() {
+            let got = engine.read(chunk(1, index as u64), 0, 1 << 20).expect("read source");
+            assert!(got == *want, "seed {seed}: source chunk {index}");
+        }
+        assert!(engine.finish_clone(ObjectId(1), ObjectId(2)).is_err(), "finished once");
+        engine.write(chunk(2, 0), 0, &[9u8; 4096], None).expect("the copy is a volume now");
+        engine.remove_objects(&[ObjectId(1), ObjectId(2)]).expect("remove");
+        engine.sync().expect("sync");
+        assert_eq!(engine.space().used_bytes, empty, "seed {seed}: every block is free");
+    }
+}
+
+/// Removing the source of a copy under way finishes the copy first; removing the copy
+/// cancels it, and the source goes on unhindered.
+#[test]
+fn removing_either_side_of_a_begun_copy() {
+    let (_drives, array) = raid5(32);
+    let dir = temp_dir("clone-removed");
+    let engine = Engine::create(array, &dir, TargetId(1)).expect("create");
+    let empty = engine.space().used_bytes;
+    let mut rng = Rng::new(5);
+    let source: Model = (0..4).map(|_| rng.bytes(100_000)).collect();
+    for (index, bytes) in source.iter().enumerate() {
+        engine.write(chunk(1, index as u64), 0, bytes, None).expect("write");
+    }
+    engine.begin_clone(ObjectId(1), ObjectId(2)).expect("begin");
+    engine.write(chunk(1, 0), 0, &[7u8; 8192], None).expect("write copies chunk 0 first");
+    engine.remove_object(ObjectId(1)).expect("remove the source");
+    check(&engine, 2, &source, "the copy of a removed source");
+    assert!(engine.finish_clone(ObjectId(1), ObjectId(2)).is_err(), "finished by the removal");
+
+    engine.begin_clone(ObjectId(2), ObjectId(3)).expect("begin");
+    engine.write(chunk(2, 1), 0, &[8u8; 8192], None).expect("write copies chunk 1 first");
+    engine.remove_object(ObjectId(3)).expect("remove the copy");
+    assert!(engine.finish_clone(ObjectId(2), ObjectId(3)).is_err(), "cancelled");
+    assert!(engine.list_chunks(ObjectId(3)).expect("list").is_empty(), "nothing copied after");
+    engine.write(chunk(2, 2), 0, &[9u8; 8192], None).expect("no copy due any more");
+    engine.write(chunk(3, 0), 0, &[1u8; 4096], None).expect("object 3 is free to use");
+    engine.remove_objects(&[ObjectId(2), ObjectId(3)]).expect("remove");
+    engine.sync().expect("sync");
+    assert_eq!(engine.shared_bytes(), 0);
+    assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
+}
+
+/// As the NBD gateway does: writers hold a shared lock around each write, and a copy takes it
+/// exclusively only for `begin_clone`, then finishes while the writers go on. Every chunk of
+/// every copy holds the value its source chunk had at the begin.
+#[test]
+fn copies_held_only_for_their_begin_are_of_that_instant() {
+    use std::sync::{Arc, Mutex, RwLock};
+    let (_drives, array) = raid5(32);
+    let dir = temp_dir("clone-instant");
+    let engine = Arc::new(Engine::create(array, &dir, TargetId(1)).expect("create"));
+    let empty = engine.space().used_bytes;
+    let sizes = [8192usize, 65_536, 300_000, 12_288];
+    // The value each chunk was last written with, changed under the hold with the write.
+    let last = Arc::new(Mutex::new(vec![1u8; sizes.len()]));
+    for (index, &len) in sizes.iter().enumerate() {
+        engine.write(chunk(1, index as u64), 0, &vec![1u8; len], None).expect("first write");
+    }
+    let hold = Arc::new(RwLock::new(()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (engine, stop, hold, last) =
+                (engine.clone(), stop.clone(), hold.clone(), last.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(300 + w);
+                let mut value = 2u8 + w as u8;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let index = rng.below(sizes.len() as u64);
+                    let len = sizes[index as usize];
+                    let _held = hold.read().expect("hold");
+                    // Writers of the same chunk race; the lock on `last` orders them.
+                    let mut last = last.lock().expect("last");
+                    engine.write(chunk(1, index), 0, &vec![value; len], None).expect("write");
+                    last[index as usize] = value;
+                    drop(last);
+                    value = value.wrapping_add(2).max(2);
+                }
+            })
+        })
+        .collect();
+    for copy in 0..20u64 {
+        let dest = 10 + copy;
+        let at_begin = {
+            let _held = hold.write().expect("hold");
+            engine.begin_clone(ObjectId(1), ObjectId(dest)).expect("begin");
+            last.lock().expect("last").clone()
+        };
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(engine.finish_clone(ObjectId(1), ObjectId(dest)).expect("finish"), 4);
+        for (index, &len) in sizes.iter().enumerate() {
+            let got = engine.read(chunk(dest, index as u64), 0, 1 << 20).expect("read copy");
+            assert_eq!(got, vec![at_begin[index]; len], "copy {copy} chunk {index}");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let all: Vec<ObjectId> = [1u64].into_iter().chain(10..30).map(ObjectId).collect();
+    engine.remove_objects(&all).expect("remove");
+    engine.sync().expect("sync");
+    assert_eq!(engine.shared_bytes(), 0);
+    assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
+}
