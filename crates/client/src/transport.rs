@@ -24,9 +24,10 @@ use crate::dir_attrs::DirAttrs;
 use crate::durability::{DurabilityWatch, Service};
 use crate::{DriveChangeError, FsResult};
 
-/// Deadline of a target's copy of an object's chunk records (a volume snapshot or clone). The
-/// copy stages one record per chunk, milliseconds per GiB of chunks; this deadline only bounds a
-/// stuck target, so that a caller does not clean up while the target may still make the copy.
+/// Deadline of a target's copy of an object's chunk records (a volume snapshot or clone), and of
+/// its begin. The copy stages one record per chunk, milliseconds per GiB of chunks; this
+/// deadline only bounds a stuck target, so that a caller does not clean up while the target may
+/// still make the copy.
 pub(crate) const OBJECT_CLONE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How every connection of a client talks to its service (from [`crate::ClientConfig`]).
@@ -387,11 +388,21 @@ impl StorageConns {
     }
 
     /// Waits up to [`OBJECT_CLONE_TIMEOUT`]: a target that gave up waiting would still make
-    /// the copy, after the caller cleaned up.
+    /// the copy, after the caller cleaned up. Finishes a copy [`Self::object_clone_begin`]
+    /// began, or makes the whole copy.
     pub async fn object_clone(&self, request: ObjectClone) -> FsResult<()> {
+        self.object_clone_call(storage_method::OBJECT_CLONE, request).await
+    }
+
+    /// Begins a copy at this instant on the target: later changes to the source copy their
+    /// chunk first; [`Self::object_clone`] finishes it.
+    pub async fn object_clone_begin(&self, request: ObjectClone) -> FsResult<()> {
+        self.object_clone_call(storage_method::OBJECT_CLONE_BEGIN, request).await
+    }
+
+    async fn object_clone_call(&self, method: u16, request: ObjectClone) -> FsResult<()> {
         let conn = self.conn(request.target)?;
-        // Not idempotent: a second run finds the copy there and is refused.
-        let method = storage_method::OBJECT_CLONE;
+        // Not idempotent: a second run finds the copy there (or under way) and is refused.
         let (epoch, _) = conn
             .call_typed_within(method, &request, Bytes::new(), false, OBJECT_CLONE_TIMEOUT)
             .await?;

@@ -344,13 +344,28 @@ impl VolumeIo {
     }
 
     /// Makes the volume `dest` (an id with [`ObjectId::VOLUME_BIT`], no data yet) a copy of
-    /// this one as it is now, on every target of the layout: the targets copy their chunk
-    /// records and share the blocks (copy-on-write), so the copy costs no data I/O and either
-    /// volume's later writes leave the other as it was. Durable after a flush of `dest`.
-    /// Writes to this volume must be held back meanwhile for the copy to be of one instant on
-    /// every target (the NBD gateway does that). On failure some targets may hold their part
-    /// of the copy: remove `dest`'s chunks before using its id again.
+    /// this one, on every target of the layout: the targets copy their chunk records and share
+    /// the blocks (copy-on-write), so the copy costs no data I/O and either volume's later
+    /// writes leave the other as it was. Durable after a flush of `dest`.
+    ///
+    /// The copy is of this volume as it was when [`VolumeIo::begin_clone_to`] returned, if that
+    /// was called first (`dest` may not change until this returns), or else as it is while
+    /// this runs. For one instant on every target, writes to this volume must be held back
+    /// while the copy begins (the NBD gateway does that), but not while it is made. On failure
+    /// some targets may hold their part of the copy: remove `dest`'s chunks before using its
+    /// id again, which also cancels a begun copy.
     pub fn clone_to(&self, dest: ObjectId) -> FsResult<()> {
+        self.clone_call(dest, false)
+    }
+
+    /// Begins the copy of [`VolumeIo::clone_to`] on every target: quick (each target notes the
+    /// volume's chunks), and from then on a change to this volume first copies the chunk it
+    /// changes.
+    pub fn begin_clone_to(&self, dest: ObjectId) -> FsResult<()> {
+        self.clone_call(dest, true)
+    }
+
+    fn clone_call(&self, dest: ObjectId, begin: bool) -> FsResult<()> {
         self.usable()?;
         if dest.0 & ObjectId::VOLUME_BIT == 0 || dest == self.shared.object {
             return Err(FsStatus::Invalid);
@@ -358,7 +373,13 @@ impl VolumeIo {
         let source = self.shared.object;
         let clones = distinct_targets(&self.shared.layout).into_iter().map(|target| {
             let storage = self.shared.storage.clone();
-            async move { storage.object_clone(ObjectClone { target, source, dest }).await }
+            async move {
+                let request = ObjectClone { target, source, dest };
+                match begin {
+                    true => storage.object_clone_begin(request).await,
+                    false => storage.object_clone(request).await,
+                }
+            }
         });
         self.block(self.run(clones, |()| ()))
     }

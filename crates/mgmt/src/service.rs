@@ -441,20 +441,31 @@ impl Mgmt {
     }
 
     /// A snapshot (read-only) or clone of `source` named `name`: the registry records it as
-    /// copying, the targets copy their chunk records (sharing the blocks), then it goes online.
-    /// The gateway holds the source's writes back meanwhile, so the copy is of one instant.
+    /// copying, the targets begin the copy, then copy their chunk records (sharing the
+    /// blocks), then it goes online. The gateway holds the source's writes back while the
+    /// copy begins on every target, so the copy is of one instant; once begun, a write to the
+    /// source copies its chunk first, so writes need not wait for the rest.
     fn copy_volume(&self, source: &str, name: &str, snapshot: bool) -> MgmtResult {
         check_name("volume", name)?;
         let (from, record) = self.registry.create_copy(source, name, snapshot, now_unix_s())?;
-        let copied = {
+        let io = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
+        let started = std::time::Instant::now();
+        let begun = {
             let _hold = self.gateway().and_then(|g| g.hold_writes(from.object));
-            let io = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
-            io.clone_to(record.object)
+            io.begin_clone_to(record.object)
         };
-        // Made durable after the source's writes go on again: the copy is in the targets'
-        // maps already, and a stop before this sync leaves the record `copying`.
+        let held = started.elapsed();
+        // Made durable after the copy is made: a stop before this sync leaves the record
+        // `copying`.
         let copy = self.client.volume(record.object, record.layout.clone(), record.size_bytes);
-        let copied = copied.and_then(|()| copy.flush());
+        let copied = begun.and_then(|()| io.clone_to(record.object)).and_then(|()| copy.flush());
+        tracing::info!(
+            volume = name,
+            writes_held_ms = held.as_secs_f64() * 1e3,
+            copy_ms = started.elapsed().as_secs_f64() * 1e3,
+            ok = copied.is_ok(),
+            "volume copy made"
+        );
         if let Err(status) = copied {
             // What some targets copied goes with the record; if that fails too, the record
             // stays `copying` and the next start removes it.
