@@ -388,16 +388,21 @@ impl StorageConns {
     }
 
     /// Waits up to [`OBJECT_CLONE_TIMEOUT`]: a target that gave up waiting would still make
-    /// the copy, after the caller cleaned up. Finishes a copy [`Self::object_clone_begin`]
-    /// began, or makes the whole copy.
+    /// the copy, after the caller cleaned up. The whole copy in one call.
     pub async fn object_clone(&self, request: ObjectClone) -> FsResult<()> {
         self.object_clone_call(storage_method::OBJECT_CLONE, request).await
     }
 
     /// Begins a copy at this instant on the target: later changes to the source copy their
-    /// chunk first; [`Self::object_clone`] finishes it.
+    /// chunk first; [`Self::object_clone_finish`] finishes it.
     pub async fn object_clone_begin(&self, request: ObjectClone) -> FsResult<()> {
         self.object_clone_call(storage_method::OBJECT_CLONE_BEGIN, request).await
+    }
+
+    /// Finishes a copy [`Self::object_clone_begin`] began; `Invalid` when the target has none
+    /// under way.
+    pub async fn object_clone_finish(&self, request: ObjectClone) -> FsResult<()> {
+        self.object_clone_call(storage_method::OBJECT_CLONE_FINISH, request).await
     }
 
     async fn object_clone_call(&self, method: u16, request: ObjectClone) -> FsResult<()> {

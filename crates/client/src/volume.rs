@@ -348,24 +348,29 @@ impl VolumeIo {
     /// the blocks (copy-on-write), so the copy costs no data I/O and either volume's later
     /// writes leave the other as it was. Durable after a flush of `dest`.
     ///
-    /// The copy is of this volume as it was when [`VolumeIo::begin_clone_to`] returned, if that
-    /// was called first (`dest` may not change until this returns), or else as it is while
-    /// this runs. For one instant on every target, writes to this volume must be held back
-    /// while the copy begins (the NBD gateway does that), but not while it is made. On failure
-    /// some targets may hold their part of the copy: remove `dest`'s chunks before using its
-    /// id again, which also cancels a begun copy.
+    /// The copy is of this volume as it is while this runs. For one instant on every target,
+    /// use [`VolumeIo::begin_clone_to`] with writes to this volume held back (the NBD gateway
+    /// does that), then [`VolumeIo::finish_clone_to`] with writes going on. On failure some
+    /// targets may hold their part of the copy: remove `dest`'s chunks before using its id
+    /// again, which also cancels a begun copy.
     pub fn clone_to(&self, dest: ObjectId) -> FsResult<()> {
-        self.clone_call(dest, false)
+        self.clone_call(dest, CloneStep::Whole)
     }
 
     /// Begins the copy of [`VolumeIo::clone_to`] on every target: quick (each target notes the
     /// volume's chunks), and from then on a change to this volume first copies the chunk it
-    /// changes.
+    /// changes; `dest` may not change until [`VolumeIo::finish_clone_to`] returns.
     pub fn begin_clone_to(&self, dest: ObjectId) -> FsResult<()> {
-        self.clone_call(dest, true)
+        self.clone_call(dest, CloneStep::Begin)
     }
 
-    fn clone_call(&self, dest: ObjectId, begin: bool) -> FsResult<()> {
+    /// Makes the copy begun by [`VolumeIo::begin_clone_to`]: the volume as it was then. Fails
+    /// (`Invalid`) where a target has no such copy under way.
+    pub fn finish_clone_to(&self, dest: ObjectId) -> FsResult<()> {
+        self.clone_call(dest, CloneStep::Finish)
+    }
+
+    fn clone_call(&self, dest: ObjectId, step: CloneStep) -> FsResult<()> {
         self.usable()?;
         if dest.0 & ObjectId::VOLUME_BIT == 0 || dest == self.shared.object {
             return Err(FsStatus::Invalid);
@@ -375,9 +380,10 @@ impl VolumeIo {
             let storage = self.shared.storage.clone();
             async move {
                 let request = ObjectClone { target, source, dest };
-                match begin {
-                    true => storage.object_clone_begin(request).await,
-                    false => storage.object_clone(request).await,
+                match step {
+                    CloneStep::Whole => storage.object_clone(request).await,
+                    CloneStep::Begin => storage.object_clone_begin(request).await,
+                    CloneStep::Finish => storage.object_clone_finish(request).await,
                 }
             }
         });
@@ -534,6 +540,14 @@ fn push_extent(out: &mut Vec<VolumeExtent>, len: u64, allocated: bool) {
         Some((last_len, last_allocated)) if *last_allocated == allocated => *last_len += len,
         _ => out.push((len, allocated)),
     }
+}
+
+/// Which part of a copy [`VolumeIo::clone_call`] asks the targets for.
+#[derive(Clone, Copy, Debug)]
+enum CloneStep {
+    Whole,
+    Begin,
+    Finish,
 }
 
 #[cfg(test)]

@@ -827,9 +827,7 @@ impl Engine {
             let mut chunks = Vec::new();
             for &object in objects {
                 chunks.extend(
-                    self.list_chunks(object)?
-                        .into_iter()
-                        .map(|(index, _)| ChunkId { object, index }),
+                    self.chunk_indices(object)?.into_iter().map(|index| ChunkId { object, index }),
                 );
             }
             // Every chunk's lock, taken in stripe order (the copies in `clones`, the only
@@ -925,6 +923,24 @@ impl Engine {
         range: std::ops::RangeInclusive<(u64, u64)>,
         mut visit: impl FnMut(ChunkId, &ChunkRecord),
     ) -> Result<(), EngineError> {
+        self.scan(range, true, |chunk, rec| visit(chunk, rec.expect("decoded")))
+    }
+
+    /// The chunk indices of `object`, by index, without decoding a record of the map.
+    pub(crate) fn chunk_indices(&self, object: ObjectId) -> Result<Vec<u64>, EngineError> {
+        let mut out = Vec::new();
+        self.scan((object.0, 0)..=(object.0, u64::MAX), false, |chunk, _| out.push(chunk.index))?;
+        Ok(out)
+    }
+
+    /// As [`Engine::scan_records`]; with `decode` false the map's records are not decoded
+    /// (`visit` gets None for them), only the staged ones are at hand.
+    fn scan(
+        &self,
+        range: std::ops::RangeInclusive<(u64, u64)>,
+        decode: bool,
+        mut visit: impl FnMut(ChunkId, Option<&ChunkRecord>),
+    ) -> Result<(), EngineError> {
         let chunk_of = |(object, index): (u64, u64)| ChunkId { object: ObjectId(object), index };
         let (tx, staged) = self.committer.read_with_staged(&self.db, &range)?;
         // The staged changes, in key order, are merged in as the map's keys pass them; a staged
@@ -935,18 +951,22 @@ impl Engine {
             let (k, v) = entry?;
             let key = k.value();
             while let Some((before, change)) = staged.next_if(|(staged_key, _)| *staged_key < key) {
-                change.inspect(|rec| visit(chunk_of(before), rec));
+                change.inspect(|rec| visit(chunk_of(before), Some(rec)));
             }
             if let Some((_, change)) = staged.next_if(|(staged_key, _)| *staged_key == key) {
-                change.inspect(|rec| visit(chunk_of(key), rec));
+                change.inspect(|rec| visit(chunk_of(key), Some(rec)));
+                continue;
+            }
+            if !decode {
+                visit(chunk_of(key), None);
                 continue;
             }
             let rec = ChunkRecord::decode(v.value())
                 .map_err(|e| EngineError::MapCorrupt(format!("chunk {}: {e}", chunk_of(key))))?;
-            visit(chunk_of(key), &rec);
+            visit(chunk_of(key), Some(&rec));
         }
         for (after, change) in staged {
-            change.inspect(|rec| visit(chunk_of(after), rec));
+            change.inspect(|rec| visit(chunk_of(after), Some(rec)));
         }
         Ok(())
     }

@@ -12,9 +12,9 @@
 //!   fresh stripe: leaving the room unused would waste a fifth of the array's writes for 1 MiB
 //!   writes into 2.5 MiB stripes. The stripe is *retired* when it is full (or when no fresh
 //!   stripe is left): it is then written whole with one full-stripe write (an unused tail is
-//!   written with whatever the image holds there, then goes back to the allocator), so parity
-//!   never needs a read or the journal. Images are reused: a fresh one costs a page fault per
-//!   4 KiB. The write that retired it gets a [`Retired`] handle and writes it out ([`Packer::write_retired`]),
+//!   zeroed first, then goes back to the allocator), so parity never needs a read or the
+//!   journal. Images are reused: a fresh one costs a page fault per 4 KiB. The write that
+//!   retired it gets a [`Retired`] handle and writes it out ([`Packer::write_retired`]),
 //!   after it let go of its chunk's lock, or hands that to another thread (the storage service
 //!   does, for writes it runs on its async worker); a writer that finds too many stripes
 //!   retiring, or a sync, writes out any retired stripe nobody has started on. A stripe that a
@@ -55,7 +55,8 @@ const IMAGE_BLOCKS_MAX: u64 = 1024;
 
 /// Retired stripes waiting for their write beyond which a write that needs a fresh stripe
 /// waits. The write that fills a stripe retires it regardless, so at most `RETIRING_MAX + 1`
-/// wait and `RETIRING_MAX + 2` images exist per target (40 MiB with 4 MiB stripes). These are
+/// wait, and with the open stripe and the spares at most `RETIRING_MAX + 4` images exist per
+/// target (48 MiB with 4 MiB stripes), besides any a reader still holds. These are
 /// the stripe writes a target has in flight: 1 MiB writes into the 2.5 MiB stripes of a
 /// 12-drive RAID 6 went from 1.27-1.29 GB/s with 2 to 1.35-1.52 with 4 and 1.49-1.56 with 8
 /// (NBD, fio at depth 8, drive files on one virtio disk).
@@ -112,8 +113,9 @@ struct Stripe {
     /// writes' blocks stay out of it, as the engine's unpacked large writes do.
     small: Vec<(u64, u64)>,
     /// The stripe's content. Blocks past `filled` hold zeros or bytes of an earlier stripe
-    /// (a reused image): they are free, and only a whole-stripe write sends them to the array. Shared with readers and with the thread writing it out; a write
-    /// into the open stripe copies it only while somebody else holds it.
+    /// (a reused image), zeroed before a whole-stripe write of a stripe not full. Shared with
+    /// readers and with the thread writing it out; a write into the open stripe copies it only
+    /// while somebody else holds it.
     image: Arc<AlignedBuf>,
     /// A retiring stripe whose write has started (a thread claimed it).
     writing: bool,
@@ -191,6 +193,21 @@ impl Packer {
         })
     }
 
+    /// Zeroes the unused tail of a stripe retired before it is full, when it will be written
+    /// whole: a reused image holds an earlier stripe's bytes there, which would otherwise be
+    /// copied into free blocks (deleted data spread over the drives). Copies the image only if
+    /// a reader holds it.
+    fn zero_tail(&self, stripe: &mut Stripe) {
+        if self.writes_whole(stripe) && stripe.filled < self.stripe_blocks {
+            Arc::make_mut(&mut stripe.image)[stripe.filled as usize * BLOCK..].fill(0);
+        }
+    }
+
+    /// Whether `stripe` goes to the array as one full-stripe write (see `write_out`).
+    fn writes_whole(&self, stripe: &Stripe) -> bool {
+        self.parity && stripe.filled * SPARSE_CLOSE_FRACTION >= self.stripe_blocks
+    }
+
     /// Whether a write of `bytes` at `offset` of a chunk would be packed: whole blocks, no
     /// more than `job_blocks_max`. Such a write does no array I/O unless it retires a stripe.
     pub(crate) fn takes(&self, offset: u64, bytes: u64) -> bool {
@@ -258,7 +275,8 @@ impl Packer {
             let fresh = alloc.lock().unwrap_or_else(|e| e.into_inner()).allocate_stripe();
             let Some(first_block) = fresh else {
                 // Retired, the open stripe gives its free tail back to the allocator.
-                if let Some(open) = st.open.take() {
+                if let Some(mut open) = st.open.take() {
+                    self.zero_tail(&mut open);
                     retired = Some(Retired { first_block: open.first_block });
                     st.retiring.push(open);
                 }
@@ -339,7 +357,7 @@ impl Packer {
         // A stripe closed by a sync while nearly empty is written as an ordinary
         // partial-stripe update (journaled by the array), not as a whole stripe of zeros: a
         // trickle of small writes with periodic syncs would otherwise write a stripe per sync.
-        let whole = self.parity && stripe.filled * SPARSE_CLOSE_FRACTION >= self.stripe_blocks;
+        let whole = self.writes_whole(&stripe);
         let result = if whole {
             array.write(start, &stripe.image)
         } else {
@@ -408,6 +426,7 @@ impl Packer {
             }
         }
         let open = st.open.take().map(|mut o| {
+            self.zero_tail(&mut o);
             o.writing = true;
             st.retiring.push(o.clone());
             o

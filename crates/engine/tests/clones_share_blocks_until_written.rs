@@ -335,3 +335,26 @@ fn copies_held_only_for_their_begin_are_of_that_instant() {
     assert_eq!(engine.shared_bytes(), 0);
     assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
 }
+
+/// A copy must be begun to be finished, cannot begin into a volume removed before (its caller
+/// gave up on it), and a finish that finds its copy cancelled fails.
+#[test]
+fn finishing_needs_a_live_copy_and_removed_volumes_take_none() {
+    let (_drives, array) = raid5(16);
+    let dir = temp_dir("clone-refused-late");
+    let engine = Engine::create(array, &dir, TargetId(1)).expect("create");
+    let volume = |n: u64| ObjectId(ObjectId::VOLUME_BIT | n);
+    engine.write(chunk(volume(1).0, 0), 0, &[1u8; 8192], None).expect("write");
+    assert!(engine.finish_clone(volume(1), volume(2)).is_err(), "nothing begun");
+    assert!(engine.list_chunks(volume(2)).expect("list").is_empty(), "and nothing copied");
+    // The caller gave up and removed its copy before the begin reached the target.
+    engine.remove_objects(&[volume(3)]).expect("remove");
+    assert!(engine.begin_clone(volume(1), volume(3)).is_err(), "a removed volume");
+    engine.write(chunk(volume(1).0, 0), 0, &[2u8; 8192], None).expect("no copy due");
+    // Begun, then cancelled by the copy's removal: the finish fails.
+    engine.begin_clone(volume(1), volume(4)).expect("begin");
+    engine.remove_object(volume(4)).expect("remove the copy");
+    assert!(engine.finish_clone(volume(1), volume(4)).is_err(), "cancelled");
+    assert_eq!(engine.clone_object(volume(1), volume(5)).expect("a whole copy still works"), 1);
+    assert_eq!(engine.read(chunk(volume(5).0, 0), 0, 8192).expect("read"), vec![2u8; 8192]);
+}

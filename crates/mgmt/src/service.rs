@@ -458,7 +458,8 @@ impl Mgmt {
         // Made durable after the copy is made: a stop before this sync leaves the record
         // `copying`.
         let copy = self.client.volume(record.object, record.layout.clone(), record.size_bytes);
-        let copied = begun.and_then(|()| io.clone_to(record.object)).and_then(|()| copy.flush());
+        let copied =
+            begun.and_then(|()| io.finish_clone_to(record.object)).and_then(|()| copy.flush());
         tracing::info!(
             volume = name,
             writes_held_ms = held.as_secs_f64() * 1e3,

@@ -62,12 +62,14 @@ pub mod storage_method {
     /// client's purge of removed files).
     pub const OBJECTS_REMOVE: u16 = 2012;
     /// Makes one object a copy of another on one target, sharing its blocks (copy-on-write):
-    /// volume snapshots and clones. Finishes a copy `OBJECT_CLONE_BEGIN` began, or makes the
-    /// whole copy.
+    /// volume snapshots and clones. The whole copy in one call.
     pub const OBJECT_CLONE: u16 = 2013;
     /// Begins such a copy at this instant (quick: notes the source's chunks); later changes
-    /// to the source copy their chunk first, and `OBJECT_CLONE` finishes it.
+    /// to the source copy their chunk first, and `OBJECT_CLONE_FINISH` finishes it.
     pub const OBJECT_CLONE_BEGIN: u16 = 2014;
+    /// Finishes a copy `OBJECT_CLONE_BEGIN` began; `Invalid` when none is under way (the
+    /// target restarted, or the copy was removed), so a copy is never silently begun late.
+    pub const OBJECT_CLONE_FINISH: u16 = 2015;
 }
 
 /// RPC status codes of file-system errors: `FS_STATUS_BASE + FsStatus as u16`.
@@ -968,7 +970,8 @@ pub struct ObjectsRemove {
 /// Makes `dest` a copy of `source` on one target: every chunk record of `source` is copied
 /// and names the same blocks, which are shared until either object writes them. `dest` must
 /// have no chunks there (`Invalid` otherwise). Durable after the target's next sync, as a
-/// write is; the reply is the epoch. The body of `OBJECT_CLONE_BEGIN` and `OBJECT_CLONE`.
+/// write is; the reply is the epoch. The body of `OBJECT_CLONE`, `OBJECT_CLONE_BEGIN` and
+/// `OBJECT_CLONE_FINISH`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ObjectClone {
     pub target: TargetId,

@@ -334,6 +334,12 @@ impl StorageService {
                 target.engine.begin_clone(c.source, c.dest).map_err(status_of)?;
                 Ok((encode(&self.epoch)?, Data::new()))
             }
+            storage_method::OBJECT_CLONE_FINISH => {
+                let c: ObjectClone = decode(message)?;
+                let target = self.target(c.target).map_err(FsStatus::rpc_code)?;
+                target.engine.finish_clone(c.source, c.dest).map_err(status_of)?;
+                Ok((encode(&self.epoch)?, Data::new()))
+            }
             storage_method::OBJECT_CLONE => {
                 let c: ObjectClone = decode(message)?;
                 let target = self.target(c.target).map_err(FsStatus::rpc_code)?;

@@ -7,7 +7,7 @@
 //! caller needs to hold the source's changes back only while `begin_clone` runs, not while
 //! every record is copied (`docs/internals/engine.md`, "Clones").
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard, TryLockError};
 
@@ -21,15 +21,22 @@ use crate::EngineError;
 pub(super) struct Pending {
     source: ObjectId,
     dest: ObjectId,
-    /// The source's chunk indices when the copy began.
+    /// The source's chunk indices when the copy began, in order: only these are copied (a
+    /// chunk made after the begin is no part of the copy).
     chunks: Vec<u64>,
     /// Indices already copied, or found missing: a chunk is copied once, before its first
     /// change after the copy began.
     done: Mutex<HashSet<u64>>,
-    /// False once the copy is cancelled; a chunk's copy holds it shared, so after a cancel
-    /// returns nothing more is copied into `dest`.
+    /// False once the copy ended (finished or cancelled); a chunk's copy holds it shared, so
+    /// once the end returns nothing more is copied into `dest`, not even by a change that
+    /// found the copy due just before.
     live: RwLock<bool>,
 }
+
+/// Volumes removed lately whose ids a copy may no longer begin into (volume ids are never
+/// reused): a begin that reaches a target after its caller gave up and removed the copy's
+/// chunks would otherwise leave a copy nobody finishes or removes.
+const REMOVED_VOLUMES_KEPT: usize = 4096;
 
 /// The copies under way on one target.
 #[derive(Debug, Default)]
@@ -37,6 +44,8 @@ pub(super) struct Clones {
     /// Whether `list` is not empty: changes to other objects look no further.
     any: AtomicBool,
     list: Mutex<Vec<Arc<Pending>>>,
+    /// The last [`REMOVED_VOLUMES_KEPT`] volumes removed on this target.
+    removed: Mutex<VecDeque<ObjectId>>,
 }
 
 impl Clones {
@@ -44,16 +53,14 @@ impl Clones {
         lock(&self.list).iter().find(|p| p.source == source && p.dest == dest).cloned()
     }
 
-    /// Takes `pending` off the list; with `cancel`, also waits for a chunk copy in progress
-    /// and stops any later one.
-    fn end(&self, pending: &Arc<Pending>, cancel: bool) {
+    /// Takes `pending` off the list, waits for a chunk copy in progress and stops any later
+    /// one. Returns whether the copy was still live (not cancelled before).
+    fn end(&self, pending: &Arc<Pending>) -> bool {
         let mut list = lock(&self.list);
         list.retain(|p| !Arc::ptr_eq(p, pending));
         self.any.store(!list.is_empty(), Ordering::Release);
         drop(list);
-        if cancel {
-            *pending.live.write().unwrap_or_else(|e| e.into_inner()) = false;
-        }
+        std::mem::replace(&mut *pending.live.write().unwrap_or_else(|e| e.into_inner()), false)
     }
 
     /// The copy that `chunk` must be copied into before it changes, if any. A chunk of an
@@ -70,7 +77,10 @@ impl Clones {
                     pending.dest, pending.source
                 )));
             }
-            if pending.source == chunk.object && !lock(&pending.done).contains(&chunk.index) {
+            if pending.source == chunk.object
+                && pending.chunks.binary_search(&chunk.index).is_ok()
+                && !lock(&pending.done).contains(&chunk.index)
+            {
                 return Ok(Some(pending.clone()));
             }
         }
@@ -109,9 +119,14 @@ impl Engine {
         if source == dest {
             return Err(EngineError::Invalid(format!("cannot clone object {source} onto itself")));
         }
-        if !self.list_chunks(dest)?.is_empty() {
+        if !self.chunk_indices(dest)?.is_empty() {
             return Err(EngineError::Invalid(format!(
                 "cannot clone into object {dest}: it has chunks already"
+            )));
+        }
+        if lock(&self.clones.removed).contains(&dest) {
+            return Err(EngineError::Invalid(format!(
+                "cannot clone into object {dest}: it was removed (a copy given up on)"
             )));
         }
         let mut list = lock(&self.clones.list);
@@ -124,7 +139,7 @@ impl Engine {
         }
         // Listed under the list's lock: a change to `source` either finished before (and is
         // in the copy) or finds the copy due.
-        let chunks: Vec<u64> = self.list_chunks(source)?.into_iter().map(|(i, _)| i).collect();
+        let chunks = self.chunk_indices(source)?;
         let count = chunks.len() as u64;
         list.push(Arc::new(Pending {
             source,
@@ -156,23 +171,36 @@ impl Engine {
                 (a != b).then(|| self.locks[a.max(b)].write().unwrap_or_else(|e| e.into_inner()));
             if let Err(e) = self.copy_chunk(&pending, index) {
                 drop((_first, _second));
-                self.clones.end(&pending, true);
+                self.clones.end(&pending);
                 return Err(e);
             }
         }
-        self.clones.end(&pending, false);
-        let copied = self.list_chunks(dest)?.len() as u64;
+        if !self.clones.end(&pending) {
+            return Err(EngineError::Invalid(format!(
+                "the copy of object {source} into object {dest} was cancelled (its copy was removed)"
+            )));
+        }
+        let copied = self.chunk_indices(dest)?.len() as u64;
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)
     }
 
-    /// Cancels the copies into any of `objects` (they are being removed).
+    /// Cancels the copies into any of `objects` (they are being removed), and keeps the
+    /// volumes among them from being copied into later.
     pub(super) fn cancel_clones_into(&self, objects: &[ObjectId]) {
+        let mut removed = lock(&self.clones.removed);
+        for &object in objects.iter().filter(|o| o.0 & ObjectId::VOLUME_BIT != 0) {
+            if removed.len() == REMOVED_VOLUMES_KEPT {
+                removed.pop_front();
+            }
+            removed.push_back(object);
+        }
+        drop(removed);
         let into: Vec<Arc<Pending>> =
             lock(&self.clones.list).iter().filter(|p| objects.contains(&p.dest)).cloned().collect();
         for pending in into {
             tracing::info!(source = %pending.source, dest = %pending.dest, "copy cancelled");
-            self.clones.end(&pending, true);
+            self.clones.end(&pending);
         }
     }
 
@@ -236,6 +264,10 @@ impl Engine {
         }
         let from = ChunkId { object: pending.source, index };
         let to = ChunkId { object: pending.dest, index };
+        if self.load_record(to)?.is_some() {
+            // Only a write racing the begin's check could have put it there.
+            return Err(EngineError::Invalid(format!("the copy's chunk {to} exists already")));
+        }
         if let Some(rec) = self.load_record(from)? {
             // The references are taken before the copy is staged. If staging fails, the
             // target is poisoned and frees no parked block until it is reopened, when the
