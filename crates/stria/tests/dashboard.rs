@@ -694,6 +694,52 @@ fn forms_work_through_the_api(
     tab.wait("the rule to go", "!document.querySelector('[data-net=\"10.1.0.0/16\"]')");
     assert_eq!(api.get("/api/v1/exports/web1")["acl"].as_array().map(Vec::len), Some(1));
 
+    // A snapshot of it from its row's button (the name prompt answered), then a clone of the
+    // snapshot from the snapshot's row: both show up with their origin, and the API agrees.
+    tab.run(
+        "window.prompt = () => 'ui1-snap';
+         document.querySelector('[data-volume=ui1] [data-testid=volume-snapshot]').click();",
+    );
+    tab.wait("the snapshot's row", "!!document.querySelector('[data-volume=ui1-snap]')");
+    let snap = api.get("/api/v1/volumes/ui1-snap");
+    assert_eq!((snap["origin"].as_str(), snap["snapshot"].as_bool()), (Some("ui1"), Some(true)));
+    assert_eq!(snap["size_bytes"].as_u64(), Some(32 * MIB));
+    tab.run(
+        "window.prompt = () => 'ui1-copy';
+         document.querySelector('[data-volume=ui1-snap] [data-testid=volume-clone]').click();",
+    );
+    tab.wait("the clone's row", "!!document.querySelector('[data-volume=ui1-copy]')");
+    let copy = api.get("/api/v1/volumes/ui1-copy");
+    assert_eq!(
+        (copy["origin"].as_str(), copy["snapshot"].as_bool()),
+        (Some("ui1-snap"), Some(false))
+    );
+    tab.wait(
+        "the clone's origin shown",
+        "document.querySelector('[data-volume=ui1-copy] [data-testid=volume-origin]')
+           ?.textContent === 'clone of ui1-snap'",
+    );
+    // A prompt answered with nothing makes no copy.
+    tab.run(
+        "window.prompt = () => null;
+         document.querySelector('[data-volume=ui1] [data-testid=volume-clone]').click();",
+    );
+    for name in ["ui1-copy", "ui1-snap"] {
+        tab.run(&format!(
+            "window.confirm = () => true;
+             document.querySelector('[data-volume={name}] [data-testid=volume-delete]').click();"
+        ));
+        tab.wait("a copy's row to go", &format!("!document.querySelector('[data-volume={name}]')"));
+    }
+    let names: Vec<String> = api
+        .get("/api/v1/volumes")
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .map(|v| v["name"].as_str().expect("name").to_string())
+        .collect();
+    assert!(!names.iter().any(|n| n.starts_with("ui1-")), "only the copies asked for: {names:?}");
+
     // Delete the volume made in the form (the confirmation answered yes).
     tab.run(
         "window.confirm = () => true;
