@@ -153,10 +153,19 @@ fn clones_taken_under_writes_hold_states_their_source_had() {
             assert!(got.iter().all(|&b| b == got[0]), "clone {clone} chunk {index}: torn");
         }
     }
+    stop_writers(&stop, writers);
+    remove_all_and_check_free(&engine, empty);
+}
+
+fn stop_writers(stop: &std::sync::atomic::AtomicBool, writers: Vec<std::thread::JoinHandle<()>>) {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
         w.join().expect("writer");
     }
+}
+
+/// Removes the source (object 1) and the copies (10..30); then no block is shared or used.
+fn remove_all_and_check_free(engine: &Engine, empty: u64) {
     let all: Vec<ObjectId> = [1u64].into_iter().chain(10..30).map(ObjectId).collect();
     engine.remove_objects(&all).expect("remove");
     engine.sync().expect("sync");
@@ -325,15 +334,8 @@ fn copies_held_only_for_their_begin_are_of_that_instant() {
             assert_eq!(got, vec![at_begin[index]; len], "copy {copy} chunk {index}");
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in writers {
-        w.join().expect("writer");
-    }
-    let all: Vec<ObjectId> = [1u64].into_iter().chain(10..30).map(ObjectId).collect();
-    engine.remove_objects(&all).expect("remove");
-    engine.sync().expect("sync");
-    assert_eq!(engine.shared_bytes(), 0);
-    assert_eq!(engine.space().used_bytes, empty, "every block is free once nothing names it");
+    stop_writers(&stop, writers);
+    remove_all_and_check_free(&engine, empty);
 }
 
 /// A copy must be begun to be finished, cannot begin into a volume removed before (its caller
