@@ -1025,11 +1025,18 @@ impl Engine {
 
     /// Space in the data area and the number of chunks.
     pub fn space(&self) -> SpaceStats {
-        let open_tail = self.packer.as_ref().map_or(0, Packer::reserved_free_blocks);
-        let alloc = lock(&self.alloc);
+        // The packer's lock before the allocator's, as a stripe write-out takes them.
+        let read = |open_tail: u64| {
+            let alloc = lock(&self.alloc);
+            (alloc.free_blocks() + open_tail, alloc.pending_blocks())
+        };
+        let (free, reclaimable) = match &self.packer {
+            Some(packer) => packer.with_reserved_free_blocks(read),
+            None => read(0),
+        };
         let total = (self.sb.block_count - self.sb.data_start_block) * BLOCK as u64;
-        let free = (alloc.free_blocks() + open_tail) * BLOCK as u64;
-        let reclaimable = alloc.pending_blocks() * BLOCK as u64;
+        let free = free * BLOCK as u64;
+        let reclaimable = reclaimable * BLOCK as u64;
         SpaceStats {
             total_bytes: total,
             used_bytes: total - free - reclaimable,

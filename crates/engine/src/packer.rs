@@ -216,10 +216,12 @@ impl Packer {
             && (1..=self.job_blocks_max).contains(&(bytes / BLOCK as u64))
     }
 
-    /// Free blocks held in the unused tails of the open and retiring stripes.
-    pub(crate) fn reserved_free_blocks(&self) -> u64 {
+    /// Calls `f` with the free blocks held in the unused tails of the open and retiring stripes,
+    /// while no tail can go back to the allocator: a caller that reads the allocator inside `f`
+    /// counts each tail once (`write_out` releases a tail under the same lock).
+    pub(crate) fn with_reserved_free_blocks<T>(&self, f: impl FnOnce(u64) -> T) -> T {
         let st = lock(&self.state);
-        st.open.iter().chain(&st.retiring).map(|s| self.stripe_blocks - s.filled).sum()
+        f(st.open.iter().chain(&st.retiring).map(|s| self.stripe_blocks - s.filled).sum())
     }
 
     /// Copies `data` (whole blocks) into consecutive blocks of the open stripe and returns
