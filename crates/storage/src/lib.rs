@@ -328,22 +328,17 @@ impl StorageService {
                 target.engine.remove_objects(&r.objects).map_err(status_of)?;
                 Ok((encode(&self.epoch)?, Data::new()))
             }
-            storage_method::OBJECT_CLONE_BEGIN => {
+            method @ (storage_method::OBJECT_CLONE
+            | storage_method::OBJECT_CLONE_BEGIN
+            | storage_method::OBJECT_CLONE_FINISH) => {
                 let c: ObjectClone = decode(message)?;
-                let target = self.target(c.target).map_err(FsStatus::rpc_code)?;
-                target.engine.begin_clone(c.source, c.dest).map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Data::new()))
-            }
-            storage_method::OBJECT_CLONE_FINISH => {
-                let c: ObjectClone = decode(message)?;
-                let target = self.target(c.target).map_err(FsStatus::rpc_code)?;
-                target.engine.finish_clone(c.source, c.dest).map_err(status_of)?;
-                Ok((encode(&self.epoch)?, Data::new()))
-            }
-            storage_method::OBJECT_CLONE => {
-                let c: ObjectClone = decode(message)?;
-                let target = self.target(c.target).map_err(FsStatus::rpc_code)?;
-                target.engine.clone_object(c.source, c.dest).map_err(status_of)?;
+                let engine = &self.target(c.target).map_err(FsStatus::rpc_code)?.engine;
+                match method {
+                    storage_method::OBJECT_CLONE_BEGIN => engine.begin_clone(c.source, c.dest),
+                    storage_method::OBJECT_CLONE_FINISH => engine.finish_clone(c.source, c.dest),
+                    _ => engine.clone_object(c.source, c.dest),
+                }
+                .map_err(status_of)?;
                 Ok((encode(&self.epoch)?, Data::new()))
             }
             storage_method::TARGET_SYNC => {

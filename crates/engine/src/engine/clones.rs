@@ -8,7 +8,7 @@
 //! every record is copied (`docs/internals/engine.md`, "Clones").
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard, TryLockError};
 
 use stria_proto::fs::{ChunkId, ObjectId};
@@ -27,6 +27,8 @@ pub(super) struct Pending {
     /// Indices already copied, or found missing: a chunk is copied once, before its first
     /// change after the copy began.
     done: Mutex<HashSet<u64>>,
+    /// Chunks copied into `dest` so far.
+    copied: AtomicU64,
     /// False once the copy ended (finished or cancelled); a chunk's copy holds it shared, so
     /// once the end returns nothing more is copied into `dest`, not even by a change that
     /// found the copy due just before.
@@ -98,14 +100,11 @@ impl Engine {
     /// The copy is of `source` as it was when this was called: chunks are copied one at a time,
     /// each under its lock (and its copy's), so the rest of the target goes on meanwhile, and a
     /// change to `source` meanwhile copies its chunk first. This is [`Engine::begin_clone`]
-    /// then [`Engine::finish_clone`] (only the latter when the copy was begun already); a
-    /// caller that wants one instant across targets holds the source's changes back only
-    /// during the begin. On an error, some chunks may have been copied: remove `dest` before
+    /// then [`Engine::finish_clone`]; a caller that wants one instant across targets takes the
+    /// two steps itself and holds the source's changes back only during the begin. On an error, some chunks may have been copied: remove `dest` before
     /// using it again.
     pub fn clone_object(&self, source: ObjectId, dest: ObjectId) -> Result<u64, EngineError> {
-        if self.clones.find(source, dest).is_none() {
-            self.begin_clone(source, dest)?;
-        }
+        self.begin_clone(source, dest)?;
         self.finish_clone(source, dest)
     }
 
@@ -146,6 +145,7 @@ impl Engine {
             dest,
             chunks,
             done: Mutex::new(HashSet::new()),
+            copied: AtomicU64::new(0),
             live: RwLock::new(true),
         }));
         self.clones.any.store(true, Ordering::Release);
@@ -180,7 +180,7 @@ impl Engine {
                 "the copy of object {source} into object {dest} was cancelled (its copy was removed)"
             )));
         }
-        let copied = self.chunk_indices(dest)?.len() as u64;
+        let copied = pending.copied.load(Ordering::Relaxed);
         tracing::info!(target = %self.sb.target, %source, %dest, chunks = copied, "object cloned");
         Ok(copied)
     }
@@ -276,6 +276,7 @@ impl Engine {
             self.committer.commit(&self.db, (key(to), Some(rec.clone())))?;
             self.records.put(Self::lock_index(to), to, rec);
             self.chunks.fetch_add(1, Ordering::Relaxed);
+            pending.copied.fetch_add(1, Ordering::Relaxed);
         }
         lock(&pending.done).insert(index);
         Ok(())
