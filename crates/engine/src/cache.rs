@@ -38,6 +38,11 @@ pub(crate) const SMALL_IO_BLOCKS: u64 = 16;
 
 const SHARDS: usize = 16;
 
+/// Consecutive blocks that share a shard (64 KiB): a small read or write takes one shard lock,
+/// and a 1 MiB read takes sixteen in turn, never all of them at once (readers holding every
+/// shard while they looked up a long run waited on each other on the futex).
+const GROUP_BLOCKS: u64 = 16;
+
 #[derive(Debug)]
 pub(crate) struct BlockCache {
     shards: Vec<Mutex<Shard>>,
@@ -125,13 +130,9 @@ impl BlockCache {
         }
     }
 
-    fn shard(&self, block: u64) -> &Mutex<Shard> {
-        &self.shards[shard_of(block)]
-    }
-
     /// Appends the `count` blocks from `first` on to `out`, one buffer each (shared with the
     /// cache, not copied), if every one is cached; `out` is left as it was otherwise. A long
-    /// run takes each shard's lock once instead of once per block. The lookup counts in the
+    /// run takes the lock of each group of blocks it touches, one at a time. The lookup counts in the
     /// cache's statistics, or in `tally` when given (a read that may be tried again counts
     /// once, when it is served: [`BlockCache::count`]).
     pub(crate) fn get_run(
@@ -143,13 +144,15 @@ impl BlockCache {
     ) -> bool {
         let start = out.len();
         out.reserve(count);
-        let blocks = first..first + count as u64;
-        let found = if count < SHARDS {
-            blocks.take_while(|&b| lock(self.shard(b)).copy_out(b, out)).count()
-        } else {
-            let mut shards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
-            blocks.take_while(|&b| shards[shard_of(b)].copy_out(b, out)).count()
-        };
+        let mut found = 0;
+        for (shard, blocks) in segments(first, count as u64) {
+            let mut shard = lock(&self.shards[shard]);
+            let here = blocks.clone().take_while(|&b| shard.copy_out(b, out)).count();
+            found += here;
+            if here < (blocks.end - blocks.start) as usize {
+                break;
+            }
+        }
         let missed = u64::from(found < count);
         match tally {
             Some(tally) => {
@@ -174,7 +177,7 @@ impl BlockCache {
     /// Copies block `block` into `out` (one block) if cached.
     #[cfg(test)]
     pub(crate) fn get(&self, block: u64, out: &mut [u8]) -> bool {
-        let mut shard = lock(self.shard(block));
+        let mut shard = lock(&self.shards[shard_of(block)]);
         match shard.map.get_mut(&block) {
             Some(slot) => {
                 slot.referenced = true;
@@ -207,12 +210,15 @@ impl BlockCache {
         if capacity == 0 {
             return;
         }
-        for (i, bytes) in data.chunks_exact(BLOCK).enumerate() {
-            let block = first + i as u64;
-            let mut shard = lock(self.shard(block));
-            match shard.map.get_mut(&block) {
-                Some(slot) => slot.data = Bytes::copy_from_slice(bytes),
-                None => new(&mut shard, block, bytes, capacity),
+        for (shard, blocks) in segments(first, (data.len() / BLOCK) as u64) {
+            let mut shard = lock(&self.shards[shard]);
+            for block in blocks {
+                let at = (block - first) as usize * BLOCK;
+                let bytes = &data[at..at + BLOCK];
+                match shard.map.get_mut(&block) {
+                    Some(slot) => slot.data = Bytes::copy_from_slice(bytes),
+                    None => new(&mut shard, block, bytes, capacity),
+                }
             }
         }
     }
@@ -222,8 +228,11 @@ impl BlockCache {
         if !self.enabled() {
             return;
         }
-        for block in first..first + count {
-            lock(self.shard(block)).map.remove(&block);
+        for (shard, blocks) in segments(first, count) {
+            let mut shard = lock(&self.shards[shard]);
+            for block in blocks {
+                shard.map.remove(&block);
+            }
         }
     }
 }
@@ -312,9 +321,24 @@ impl Slot {
     }
 }
 
-/// Consecutive blocks land in different shards.
+/// Blocks of one group share a shard; consecutive groups land in different shards.
 fn shard_of(block: u64) -> usize {
-    (block.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SHARDS
+    ((block / GROUP_BLOCKS).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % SHARDS
+}
+
+/// The blocks `first..first + count` split where the group changes, each piece with its shard:
+/// a run takes one lock per group it touches, one at a time.
+fn segments(first: u64, count: u64) -> impl Iterator<Item = (usize, std::ops::Range<u64>)> {
+    let end = first + count;
+    let mut at = first;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let piece = at..end.min((at / GROUP_BLOCKS + 1) * GROUP_BLOCKS);
+        at = piece.end;
+        Some((shard_of(piece.start), piece))
+    })
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -324,6 +348,19 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_splits_where_its_group_changes() {
+        let pieces: Vec<_> = segments(30, 40).map(|(_, blocks)| blocks).collect();
+        assert_eq!(pieces, [30..32, 32..48, 48..64, 64..70]);
+        for (shard, blocks) in segments(30, 40) {
+            assert!(blocks.clone().all(|b| shard_of(b) == shard), "{blocks:?} in one shard");
+        }
+        assert_eq!(segments(32, 16).count(), 1, "a whole group is one piece");
+        assert_eq!(segments(5, 0).count(), 0);
+        let shards: HashSet<usize> = (0..64).map(|g| shard_of(g * GROUP_BLOCKS)).collect();
+        assert!(shards.len() > SHARDS / 2, "groups spread over the shards: {shards:?}");
+    }
 
     #[test]
     fn a_run_is_found_only_when_every_block_is_cached() {
@@ -338,7 +375,7 @@ mod tests {
         assert!(out[0] == before && out[1..].concat() == run, "appended after what was there");
         let mut short = Vec::new();
         assert!(cache.get_run(136, 4, &mut short, None) && short.concat() == run[36 * BLOCK..]);
-        // A few blocks (one lock each) and a long run (every shard's lock once) alike.
+        // A run within one group and one across three groups alike.
         for count in [4, 40] {
             let first = 140 - count as u64;
             let mut partial = vec![before.clone()];

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use crate::backend::{Backend, BackendError, Extent};
 use crate::handshake::Negotiated;
 use crate::server::{ServerStats, Shared, bump};
-use crate::transport::Transport;
+use crate::transport::WriteHalf;
 use crate::wire::*;
 
 /// Read-ahead buffer of the request reader; big payloads bypass it.
@@ -344,7 +344,7 @@ pub(crate) async fn run(
         negotiated;
     let config = &shared.config;
     let limits = Limits { size, read_only: export.read_only, structured, block_status };
-    let (read_half, write_half) = tokio::io::split(transport);
+    let (read_half, write_half) = transport.split();
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
     let requests_max = config.in_flight_requests_per_connection_max;
     let (reply_tx, reply_rx) = mpsc::channel::<Reply>(requests_max);
@@ -743,7 +743,7 @@ fn run_blocking(
 }
 
 async fn write_replies(
-    mut writer: WriteHalf<Transport>,
+    mut writer: WriteHalf,
     mut replies: mpsc::Receiver<Reply>,
     timeout: Duration,
     peer: SocketAddr,
@@ -793,7 +793,7 @@ async fn write_replies(
 /// transport without vectored writes gets them joined into one buffer). Each write must make
 /// progress within `timeout`, else `TimedOut`: a slow reader is served, one that stopped is not.
 async fn write_all_vectored(
-    writer: &mut WriteHalf<Transport>,
+    writer: &mut WriteHalf,
     slices: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {
@@ -805,7 +805,7 @@ async fn write_all_vectored(
 }
 
 async fn write_slices(
-    writer: &mut WriteHalf<Transport>,
+    writer: &mut WriteHalf,
     mut slices: &mut [IoSlice<'_>],
     timeout: Duration,
 ) -> std::io::Result<()> {
