@@ -2,9 +2,9 @@
 //! (Debian's libisal) on the same buffers in the same process.
 //!
 //! Each stripe holds 1 MiB of data (4 x 256 KiB or 8 x 128 KiB chunks); with parity it stays
-//! under 1.5 MiB, which fits a 2 MiB L2, and every operation runs back to back on the same
-//! buffers, so nothing comes from DRAM; at that size the fastest kernels are bound by L2
-//! bandwidth. One extra 8+2 row uses a 32 KiB stripe that fits in L1, to show arithmetic speed.
+//! under 1.5 MiB, which fits in L2 plus L3 (1 MiB and 32 MiB on the development machine), and
+//! every operation runs back to back on the same buffers, so nothing comes from DRAM; at that
+//! size the fastest kernels are bound by cache bandwidth. One extra 8+2 row uses a 32 KiB stripe that fits in L1, to show arithmetic speed.
 //! GB/s counts data bytes only (10^9 bytes per GB), and each figure is the best of several runs.
 //!
 //! Run with `cargo bench -p stria-parity`.
@@ -17,7 +17,7 @@ use stria_parity::{Kernel, gf};
 
 const STRIPE_DATA_BYTES: usize = 1 << 20;
 /// An extra, smaller stripe whose data and parity (40 KiB) fit in a 48 KiB L1: it shows the
-/// kernels' arithmetic rate where the 1 MiB figures are bound by L2 bandwidth.
+/// kernels' arithmetic rate where the 1 MiB figures are bound by cache bandwidth.
 const L1_STRIPE_DATA_BYTES: usize = 32 << 10;
 const RUNS: usize = 9;
 /// Each run repeats the operation for at least this long, so timer resolution is irrelevant.

@@ -5,9 +5,12 @@
 //! (`vpternlogq`), which halves the XOR instructions on ports 0 and 5, the only ones that run
 //! 512-bit integer work (and `vgf2p8affineqb` runs on port 0 alone).
 //!
-//! Once a stripe no longer fits in L1 the loops are bound by L2-to-L1 bandwidth, not arithmetic:
-//! on the development machine (2 MiB L2 per core), an 8+2 P/Q pass over 1 MiB with the multiplies
-//! replaced by plain XORs ran no faster than the real one. That is why `pq_gen` prefetches, and why
+//! Once a stripe no longer fits in L1 the loops are bound by cache bandwidth, not arithmetic: on
+//! the development machine (AMD family 26, Zen 5: 48 KiB L1d and 1 MiB L2 per core, so a 1 MiB
+//! 8+2 stripe and its parity stream from L2 and L3), an 8+2 P/Q pass over 1 MiB with the
+//! multiplies replaced by plain XORs ran no faster than the real one. Non-temporal stores of P and
+//! Q (no read for ownership) were tried there too: 75 GB/s against 99, as the parity then goes
+//! to DRAM. That is why `pq_gen` prefetches, and why
 //! further unrolling (tried: 8 vectors per iteration, and sources unrolled per data count) did not
 //! pay.
 //!
@@ -27,7 +30,7 @@ use crate::scalar;
 const VECTOR_BYTES: usize = 64;
 const UNROLL: usize = 4;
 const BLOCK_BYTES: usize = VECTOR_BYTES * UNROLL;
-/// `xor_gen` takes two vectors (128 bytes) of each source per step, not four: on a Zen 4 core
+/// `xor_gen` takes two vectors (128 bytes) of each source per step, not four: on a Zen 5 core
 /// with a 1 MiB stripe of 8+1 (coming from L3), 125-135 GB/s against 108-116 with four, level
 /// with ISA-L's `xor_gen` in the same runs; eight and one were slower too. `pq_gen` keeps four
 /// (two cost it 5-10%).
