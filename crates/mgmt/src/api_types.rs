@@ -88,8 +88,9 @@ pub struct Volume {
     pub targets: Vec<TargetId>,
     /// Bytes written and not trimmed; absent if a target did not answer.
     pub allocated_bytes: Option<u64>,
-    /// `online`, `copying` (a snapshot or clone being made), `deleting`, or `deleted` in
-    /// the reply to a delete.
+    /// `online`, `copying` (a snapshot or clone being made), `rolling-back` (being given a
+    /// snapshot's data; not exported meanwhile), `deleting`, or `deleted` in the reply to a
+    /// delete.
     pub state: String,
     /// Exports that serve it.
     pub exports: Vec<String>,
@@ -191,6 +192,13 @@ pub struct CreateVolume {
 pub struct CopyVolume {
     /// The new volume's name.
     pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackVolume {
+    /// One of the volume's own snapshots.
+    pub snapshot: String,
 }
 
 #[derive(Clone, Debug, Deserialize, ToSchema)]

@@ -23,6 +23,7 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(resize_volume))
         .routes(routes!(snapshot_volume))
         .routes(routes!(clone_volume))
+        .routes(routes!(rollback_volume))
         .routes(routes!(list_exports, create_export))
         .routes(routes!(get_export, delete_export))
         .routes(routes!(allow_initiator, deny_initiator))
@@ -165,6 +166,30 @@ async fn clone_volume(
     ApiJson(body): ApiJson<CopyVolume>,
 ) -> Result<Json<Volume>, ApiError> {
     copy_volume(state, name, body, false).await
+}
+
+/// Gives a volume the data and size of one of its own snapshots; what was written since the
+/// snapshot is dropped (the snapshot stays). The volume's exports pause while it runs, and it
+/// is refused while an NBD client is connected to the volume.
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/rollback", tag = "volumes",
+    params(("name" = String, Path, description = "The volume to roll back")),
+    request_body = RollbackVolume,
+    responses((status = 200, description = "The volume after the rollback", body = Volume),
+        (status = 400, description = "Not a snapshot of this volume", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Clients are connected, or a volume is busy",
+            body = ErrorBody)))]
+async fn rollback_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<RollbackVolume>,
+) -> Result<Json<Volume>, ApiError> {
+    name_field("volume", "snapshot", &body.snapshot)?;
+    blocking(move || {
+        let request = MgmtRequest::VolumeRollback { name, snapshot: body.snapshot };
+        volume_reply(state.mgmt.handle(request)?).map(Json)
+    })
+    .await
 }
 
 async fn copy_volume(

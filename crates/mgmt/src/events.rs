@@ -50,6 +50,7 @@ pub enum EventKind {
     SpareAdded,
     SnapshotCreated,
     VolumeCloned,
+    VolumeRolledBack,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]

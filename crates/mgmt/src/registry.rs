@@ -12,6 +12,8 @@ const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 const EXPORTS: TableDefinition<&str, &[u8]> = TableDefinition::new("exports");
 /// Volume name -> [`VolumeOrigin`], for volumes made by copying another.
 const ORIGINS: TableDefinition<&str, &[u8]> = TableDefinition::new("volume_origins");
+/// Volume name -> [`Rollback`], for volumes being rolled back to a snapshot.
+const ROLLBACKS: TableDefinition<&str, &[u8]> = TableDefinition::new("volume_rollbacks");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const NEXT_VOLUME_ID: &str = "next_volume_id";
 const FORMAT_VERSION: &str = "format_version";
@@ -27,6 +29,10 @@ pub enum VolumeState {
     /// A snapshot or clone whose data the targets are copying; a node that restarts before it
     /// is online deletes it (an unfinished copy is of no use).
     Copying,
+    /// Being given a snapshot's data ([`Rollback`] says how far it got); not exported
+    /// meanwhile. A node that restarts finishes the switch if it was made, else drops the
+    /// partial copy and leaves the volume as it was.
+    RollingBack,
 }
 
 impl VolumeState {
@@ -35,6 +41,7 @@ impl VolumeState {
             VolumeState::Online => "online",
             VolumeState::Deleting => "deleting",
             VolumeState::Copying => "copying",
+            VolumeState::RollingBack => "rolling-back",
         }
     }
 }
@@ -57,6 +64,18 @@ pub struct VolumeOrigin {
     pub source: String,
     /// Read-only: exported only read-only and never resized.
     pub snapshot: bool,
+}
+
+/// A rollback of a volume to one of its snapshots. The snapshot's data is copied into a fresh
+/// object; then the volume's record switches to that object in one transaction; then the old
+/// object's data is removed. Until the switch the volume's own data is untouched.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Rollback {
+    pub snapshot: String,
+    /// The object the snapshot's data is copied into.
+    pub object: ObjectId,
+    /// The volume's object before the switch; set by the switch (its data is then removed).
+    pub replaced: Option<ObjectId>,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
@@ -91,12 +110,9 @@ fn new_volume(
             format!("a volume named '{name}' exists already"),
         ));
     }
-    let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
-    let id = meta.get(NEXT_VOLUME_ID).map_err(|e| internal("id", e))?.map_or(1, |v| v.value());
-    meta.insert(NEXT_VOLUME_ID, id + 1).map_err(|e| internal("id", e))?;
     let record = VolumeRecord {
         name: name.to_string(),
-        object: ObjectId(ObjectId::VOLUME_BIT | id),
+        object: next_object(tx)?,
         size_bytes,
         layout,
         state,
@@ -104,6 +120,36 @@ fn new_volume(
     };
     volumes.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("insert", e))?;
     Ok(record)
+}
+
+/// A volume object id never used before.
+fn next_object(tx: &redb::WriteTransaction) -> Result<ObjectId, MgmtError> {
+    let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
+    let id = meta.get(NEXT_VOLUME_ID).map_err(|e| internal("id", e))?.map_or(1, |v| v.value());
+    meta.insert(NEXT_VOLUME_ID, id + 1).map_err(|e| internal("id", e))?;
+    Ok(ObjectId(ObjectId::VOLUME_BIT | id))
+}
+
+fn get<T: for<'de> Deserialize<'de>>(
+    tx: &redb::WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    kind: &str,
+    name: &str,
+) -> Result<Option<T>, MgmtError> {
+    let table = tx.open_table(table).map_err(|e| internal(&format!("{kind} table"), e))?;
+    let value = table.get(name).map_err(|e| internal(&format!("reading a {kind}"), e))?;
+    value.map(|v| decode(kind, name, v.value())).transpose()
+}
+
+fn put<T: Serialize>(
+    tx: &redb::WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    name: &str,
+    value: &T,
+) -> Result<(), MgmtError> {
+    let mut table = tx.open_table(table).map_err(|e| internal("table", e))?;
+    table.insert(name, encode(value)?.as_slice()).map_err(|e| internal("insert", e))?;
+    Ok(())
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> MgmtError {
@@ -142,6 +188,7 @@ impl Registry {
             tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
             tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
             tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
+            tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
             let mut meta = tx.open_table(META).map_err(|e| internal("meta table", e))?;
             let format =
                 meta.get(FORMAT_VERSION).map_err(|e| internal("format", e))?.map(|v| v.value());
@@ -254,6 +301,97 @@ impl Registry {
         let table = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
         let origin = table.get(name).map_err(|e| internal("reading an origin", e))?;
         origin.map(|v| decode("origin", name, v.value())).transpose()
+    }
+
+    /// Starts the rollback of volume `name` to `snapshot`, one of its snapshots: the volume goes
+    /// [`VolumeState::RollingBack`] and a fresh object is set aside for the copy. Returns the
+    /// volume's record, the snapshot's and the rollback.
+    pub fn begin_rollback(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<(VolumeRecord, VolumeRecord, Rollback), MgmtError> {
+        self.write(|tx| {
+            let online = |record: Option<VolumeRecord>, name: &str| match record {
+                None => Err(not_found("volume", name)),
+                Some(v) if v.state != VolumeState::Online => Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!("volume '{name}' is {}", v.state.name()),
+                )),
+                Some(v) => Ok(v),
+            };
+            let mut volume = online(get(tx, VOLUMES, "volume", name)?, name)?;
+            let from = online(get(tx, VOLUMES, "volume", snapshot)?, snapshot)?;
+            let origin: Option<VolumeOrigin> = get(tx, ORIGINS, "origin", snapshot)?;
+            if !origin.as_ref().is_some_and(|o| o.snapshot && o.source == name) {
+                return Err(MgmtError::new(
+                    MgmtStatus::Invalid,
+                    format!(
+                        "volume '{snapshot}' is not a snapshot of '{name}'; a volume rolls back \
+                         only to its own snapshots (stria volume list shows each one's origin)"
+                    ),
+                ));
+            }
+            if from.layout != volume.layout {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!("snapshot '{snapshot}' is laid out over other targets than '{name}'"),
+                ));
+            }
+            let rollback = Rollback {
+                snapshot: snapshot.to_string(),
+                object: next_object(tx)?,
+                replaced: None,
+            };
+            volume.state = VolumeState::RollingBack;
+            put(tx, VOLUMES, name, &volume)?;
+            put(tx, ROLLBACKS, name, &rollback)?;
+            Ok((volume, from, rollback))
+        })
+    }
+
+    /// The rollback of volume `name` under way, if any.
+    pub fn rollback(&self, name: &str) -> Result<Option<Rollback>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
+        let value = table.get(name).map_err(|e| internal("reading a rollback", e))?;
+        value.map(|v| decode("rollback", name, v.value())).transpose()
+    }
+
+    /// Points volume `name` at its rollback's copy, with size `size_bytes` (the snapshot's):
+    /// from this transaction on the volume holds the snapshot's data. Returns the rollback with
+    /// the replaced object noted.
+    pub fn switch_rollback(&self, name: &str, size_bytes: u64) -> Result<Rollback, MgmtError> {
+        self.write(|tx| {
+            let mut rollback: Rollback = get(tx, ROLLBACKS, "rollback", name)?
+                .ok_or_else(|| not_found("rollback of volume", name))?;
+            let mut volume: VolumeRecord =
+                get(tx, VOLUMES, "volume", name)?.ok_or_else(|| not_found("volume", name))?;
+            if rollback.replaced.is_none() {
+                rollback.replaced = Some(volume.object);
+                volume.object = rollback.object;
+                volume.size_bytes = size_bytes;
+                put(tx, VOLUMES, name, &volume)?;
+                put(tx, ROLLBACKS, name, &rollback)?;
+            }
+            Ok(rollback)
+        })
+    }
+
+    /// Ends the rollback of volume `name` (done, or abandoned before its switch): the volume is
+    /// online again and the rollback's record goes.
+    pub fn end_rollback(&self, name: &str) -> Result<VolumeRecord, MgmtError> {
+        self.write(|tx| {
+            let mut rollbacks =
+                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
+            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
+            drop(rollbacks);
+            let mut volume: VolumeRecord =
+                get(tx, VOLUMES, "volume", name)?.ok_or_else(|| not_found("volume", name))?;
+            volume.state = VolumeState::Online;
+            put(tx, VOLUMES, name, &volume)?;
+            Ok(volume)
+        })
     }
 
     /// Changes a volume record in one transaction.

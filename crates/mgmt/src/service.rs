@@ -16,7 +16,7 @@ use stria_proto::wire::DriveField;
 use stria_rpc::{BoxFuture, Request, Response, Service};
 
 use crate::events::{EventKind, EventLog, Severity};
-use crate::registry::{AclRule, ExportRecord, Registry, VolumeRecord, VolumeState};
+use crate::registry::{AclRule, ExportRecord, Registry, Rollback, VolumeRecord, VolumeState};
 
 /// The targets of a pool, by name; empty when there is no such pool.
 pub type PoolResolver = Arc<dyn Fn(&str) -> Vec<TargetId> + Send + Sync>;
@@ -168,6 +168,7 @@ impl Mgmt {
                         "removing a snapshot or clone whose copy a stop interrupted");
                     mgmt.finish_delete(&volume)?;
                 }
+                VolumeState::RollingBack => mgmt.finish_interrupted_rollback(&volume)?,
                 VolumeState::Online => {}
             }
         }
@@ -289,7 +290,9 @@ impl Mgmt {
         let volumes = self.registry.volumes()?;
         let mut set = Vec::new();
         for export in self.registry.exports()? {
-            if let Some(v) = volumes.iter().find(|v| v.name == export.volume) {
+            // A volume rolling back is not served until it is whole again.
+            let online = |v: &&VolumeRecord| v.state == VolumeState::Online;
+            if let Some(v) = volumes.iter().filter(online).find(|v| v.name == export.volume) {
                 set.push((export, v.clone()));
             }
         }
@@ -319,6 +322,7 @@ impl Mgmt {
             MgmtRequest::VolumeResize { .. }
                 | MgmtRequest::VolumeDelete { .. }
                 | MgmtRequest::VolumeCopy { .. }
+                | MgmtRequest::VolumeRollback { .. }
                 | MgmtRequest::ExportAdd { .. }
         )
         .then(|| self.data_changes.lock().unwrap_or_else(|e| e.into_inner()));
@@ -341,6 +345,9 @@ impl Mgmt {
             MgmtRequest::VolumeDelete { name } => self.delete_volume(&name),
             MgmtRequest::VolumeCopy { source, name, snapshot } => {
                 self.copy_volume(&source, &name, snapshot)
+            }
+            MgmtRequest::VolumeRollback { name, snapshot } => {
+                self.rollback_volume(&name, &snapshot)
             }
             MgmtRequest::ExportAdd { volume, name, read_only, description } => {
                 let name = name.unwrap_or_else(|| volume.clone());
@@ -484,6 +491,121 @@ impl Mgmt {
         Ok(MgmtReply::Volume(self.volume_info(&record)))
     }
 
+    /// Gives volume `name` the data and size of its snapshot `snapshot` (see [`Rollback`]).
+    /// The volume's exports stop while it runs, and it is refused while an NBD client is
+    /// connected to one of them: that client's cached blocks would no longer be the volume's.
+    fn rollback_volume(&self, name: &str, snapshot: &str) -> MgmtResult {
+        let (volume, from, rollback) = self.registry.begin_rollback(name, snapshot)?;
+        // From here no new connection finds the volume's exports.
+        let published = self.publish();
+        let exports: Vec<String> = self
+            .registry
+            .exports()?
+            .into_iter()
+            .filter(|e| e.volume == name)
+            .map(|e| e.name)
+            .collect();
+        let connected: Vec<String> = self
+            .gateway()
+            .map(|g| g.clients())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| exports.contains(&c.export))
+            .map(|c| format!("{} on export '{}'", c.peer, c.export))
+            .collect();
+        let refused = match published {
+            Err(e) => Some(e),
+            Ok(()) if connected.is_empty() => None,
+            Ok(()) => Some(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!(
+                    "volume '{name}' has NBD clients connected ({}); disconnect them before \
+                     rolling it back",
+                    connected.join(", ")
+                ),
+            )),
+        };
+        if let Some(e) = refused {
+            self.abandon_rollback(&volume, &rollback);
+            return Err(e);
+        }
+        let started = std::time::Instant::now();
+        let source = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
+        let copy = self.client.volume(rollback.object, volume.layout.clone(), from.size_bytes);
+        let copied = {
+            // A writer that connected just before the exports stopped: its writes finish first.
+            let _hold = self.gateway().and_then(|g| g.hold_writes(volume.object));
+            source.clone_to(rollback.object).and_then(|()| copy.flush())
+        };
+        if let Err(status) = copied {
+            self.abandon_rollback(&volume, &rollback);
+            return Err(fs_error("copying the snapshot's data", status));
+        }
+        crash_point("rollback-copied");
+        let rollback = self.registry.switch_rollback(name, from.size_bytes)?;
+        crash_point("rollback-switched");
+        let record = self.finish_rollback(&volume, &rollback)?;
+        tracing::info!(
+            volume = name,
+            snapshot,
+            copy_ms = started.elapsed().as_secs_f64() * 1e3,
+            "volume rolled back"
+        );
+        Ok(MgmtReply::Volume(self.volume_info(&record)))
+    }
+
+    /// After the switch: removes the replaced data, brings the volume online, serves it again.
+    fn finish_rollback(
+        &self,
+        volume: &VolumeRecord,
+        rollback: &Rollback,
+    ) -> Result<VolumeRecord, MgmtError> {
+        if let Some(replaced) = rollback.replaced {
+            let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
+            old.remove_all()
+                .and_then(|()| old.flush())
+                .map_err(|e| fs_error("removing the data the rollback replaced", e))?;
+        }
+        let record = self.registry.end_rollback(&volume.name)?;
+        self.publish()?;
+        Ok(record)
+    }
+
+    /// Before the switch: drops the partial copy and leaves the volume as it was.
+    fn abandon_rollback(&self, volume: &VolumeRecord, rollback: &Rollback) {
+        let copy = self.client.volume(rollback.object, volume.layout.clone(), volume.size_bytes);
+        let ended = copy
+            .remove_all()
+            .map_err(|e| fs_error("removing a rollback's partial copy", e))
+            .and_then(|()| self.registry.end_rollback(&volume.name))
+            .and_then(|_| self.publish());
+        if let Err(e) = ended {
+            // The record stays `rolling back`; the next start ends it.
+            tracing::warn!(volume = %volume.name, "ending a refused rollback: {e}");
+        }
+    }
+
+    /// At start: a rollback a stop interrupted is finished if its switch was made, else
+    /// abandoned (the volume keeps its data from before the rollback).
+    fn finish_interrupted_rollback(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
+        let Some(rollback) = self.registry.rollback(&volume.name)? else {
+            tracing::warn!(volume = %volume.name, "a volume rolling back with no rollback record");
+            self.registry.end_rollback(&volume.name)?;
+            return Ok(());
+        };
+        if rollback.replaced.is_some() {
+            tracing::info!(volume = %volume.name, snapshot = %rollback.snapshot,
+                "finishing a rollback a stop interrupted");
+            self.finish_rollback(volume, &rollback)?;
+        } else {
+            tracing::warn!(volume = %volume.name, snapshot = %rollback.snapshot,
+                "a stop interrupted the rollback before it took effect: the volume keeps its \
+                 data; roll it back again");
+            self.abandon_rollback(volume, &rollback);
+        }
+        Ok(())
+    }
+
     fn resize_volume(&self, name: &str, size_bytes: u64, force: bool) -> MgmtResult {
         check_size(size_bytes)?;
         let volume = self.registry.volume(name)?;
@@ -607,6 +729,15 @@ impl Mgmt {
     }
 }
 
+/// Test hook: with `STRIA_CRASH_POINT` set to `point`, the process aborts there, as a power cut
+/// would stop it (`tests/volumes.rs` restarts the node after each point of a rollback).
+fn crash_point(point: &str) {
+    if std::env::var_os("STRIA_CRASH_POINT").is_some_and(|p| p == point) {
+        tracing::error!(point, "STRIA_CRASH_POINT reached: aborting");
+        std::process::abort();
+    }
+}
+
 /// The event a successful change records: kind, subject and sentence.
 fn change_event(request: &MgmtRequest) -> Option<(EventKind, String, String)> {
     let rule = |net: &str, id: &Option<String>| match id {
@@ -636,6 +767,11 @@ fn change_event(request: &MgmtRequest) -> Option<(EventKind, String, String)> {
             EventKind::VolumeCloned,
             format!("volume/{name}"),
             format!("volume '{name}' created as a clone of '{source}'"),
+        ),
+        MgmtRequest::VolumeRollback { name, snapshot } => (
+            EventKind::VolumeRolledBack,
+            format!("volume/{name}"),
+            format!("volume '{name}' rolled back to its snapshot '{snapshot}'"),
         ),
         MgmtRequest::ExportAdd { volume, name, read_only, .. } => {
             let name = name.as_deref().unwrap_or(volume);

@@ -79,6 +79,12 @@ pub enum MgmtRequest {
         name: String,
         snapshot: bool,
     },
+    /// Gives volume `name` the data and size of `snapshot`, one of its own snapshots; what was
+    /// written since is dropped. Refused while an NBD client is connected to the volume.
+    VolumeRollback {
+        name: String,
+        snapshot: String,
+    },
 }
 
 impl MgmtRequest {
@@ -97,6 +103,7 @@ impl MgmtRequest {
             MgmtRequest::InitiatorDeny { .. } => "initiator-deny",
             MgmtRequest::VolumeCopy { snapshot: true, .. } => "volume-snapshot",
             MgmtRequest::VolumeCopy { snapshot: false, .. } => "volume-clone",
+            MgmtRequest::VolumeRollback { .. } => "volume-rollback",
         }
     }
 }

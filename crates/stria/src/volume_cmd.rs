@@ -28,14 +28,23 @@ pub enum VolumeCommand {
     /// Make a read-only copy of a volume as it is now, copy-on-write.
     ///
     /// No data is copied: the copy shares the volume's blocks and takes space only as the two
-    /// diverge. Writes to the volume pause while the targets copy its chunk map (milliseconds
-    /// per GiB written sequentially, about 100 ms per GiB rewritten at random). A snapshot is
-    /// exported only with --read-only and keeps its size; deleting the volume leaves it whole.
+    /// diverge. Writes to the volume pause only while every target notes which chunks the
+    /// volume has (about a millisecond); the chunk maps are copied afterwards, while writes go
+    /// on. A snapshot is exported only with --read-only and keeps its size; deleting the volume
+    /// leaves it whole.
     Snapshot(CopyArgs),
     /// Make a writable copy of a volume or snapshot, copy-on-write.
     ///
     /// As a snapshot, but the copy is an ordinary volume: exported read-write, resizable.
     Clone(CopyArgs),
+    /// Give a volume the data and size of one of its own snapshots.
+    ///
+    /// What was written to the volume since the snapshot is dropped; the snapshot stays. Its
+    /// exports pause while it runs (no data is copied: the volume shares the snapshot's
+    /// blocks), and it is refused while an NBD client is connected to the volume, since that
+    /// client's cached blocks would no longer match. A stop half way leaves either the volume
+    /// as it was or the rollback done, never a mix.
+    Rollback(RollbackArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -107,6 +116,20 @@ pub struct CopyArgs {
     pub source: String,
     /// The new volume's name.
     pub name: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RollbackArgs {
+    /// The volume to roll back.
+    pub name: String,
+    /// The snapshot (of this volume) whose data it gets.
+    #[arg(long = "to", value_name = "SNAPSHOT")]
+    pub snapshot: String,
     #[command(flatten)]
     pub node: NodeArgs,
     /// Print JSON.
@@ -440,6 +463,10 @@ pub fn volume(command: VolumeCommand) -> Result<()> {
         }
         VolumeCommand::Snapshot(a) => copy_volume(a, true),
         VolumeCommand::Clone(a) => copy_volume(a, false),
+        VolumeCommand::Rollback(a) => {
+            let request = MgmtRequest::VolumeRollback { name: a.name, snapshot: a.snapshot };
+            volume_reply(call(&a.node, request)?, a.json)
+        }
     }
 }
 

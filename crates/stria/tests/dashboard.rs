@@ -719,6 +719,25 @@ fn forms_work_through_the_api(
         "document.querySelector('[data-volume=ui1-copy] [data-testid=volume-origin]')
            ?.textContent === 'clone of ui1-snap'",
     );
+    // The volume grows; the snapshot's Roll back button gives it the snapshot's size back.
+    let grow = r#"{"size_bytes": 67108864}"#;
+    let grown =
+        request(api.addr, "POST", "/api/v1/volumes/ui1/resize", Some(&api.token), Some(grow));
+    assert_eq!(grown.status, 200, "{}", grown.body);
+    tab.wait(
+        "the grown size shown",
+        "document.querySelector('[data-volume=ui1] [data-testid=volume-size]')?.textContent === '64.0 MiB'",
+    );
+    tab.run(
+        "window.confirm = () => true;
+         document.querySelector('[data-volume=ui1-snap] [data-testid=volume-rollback]').click();",
+    );
+    tab.wait(
+        "the rolled-back size shown",
+        "document.querySelector('[data-volume=ui1] [data-testid=volume-size]')?.textContent === '32.0 MiB'",
+    );
+    assert_eq!(api.get("/api/v1/volumes/ui1")["size_bytes"].as_u64(), Some(32 * MIB));
+    assert_eq!(api.get("/api/v1/volumes/ui1")["state"], "online");
     // A prompt answered with nothing makes no copy.
     tab.run(
         "window.prompt = () => null;

@@ -341,6 +341,86 @@ fn snapshots_and_clones_keep_their_instant() {
     node.stop();
 }
 
+/// `stria volume rollback`: the volume gets its snapshot's data and size back; it is refused
+/// for what is not its own snapshot and while a client is connected; and a node stopped half
+/// way (aborted at each step) comes back with the volume either as it was or rolled back, never
+/// a mix, and nothing left behind for fsck to find.
+#[test]
+fn a_rollback_gives_the_snapshot_back_even_across_a_crash() {
+    require_fuse();
+    let dir = scratch("volume-rollback");
+    let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
+    create_exported(&node, "vm", "16M");
+    let image = dir.join("vm.img");
+    let original = make_image(&image, 16 * MIB);
+    let vm = uri(&node, "vm");
+    let image_arg = image.display().to_string();
+    ok(
+        "convert in",
+        tool("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", &image_arg, &vm]),
+    );
+    ok("snapshot", node.cli(&["volume", "snapshot", "vm", "good"]));
+    ok("clone", node.cli(&["volume", "clone", "vm", "other"]));
+
+    // Writes after the snapshot, and a grow.
+    qemu_io(&vm, &["write -P 0xcd 0 4M", "write -P 0x5a 15M 1M", "flush"]);
+    ok("grow", node.cli(&["volume", "resize", "vm", "--size", "24M"]));
+
+    // Refusals change nothing.
+    let refused = node.cli(&["volume", "rollback", "vm", "--to", "other"]);
+    assert!(!refused.status.success(), "a clone is not a snapshot to roll back to");
+    assert!(text(&refused).contains("not a snapshot of 'vm'"), "{}", text(&refused));
+    let refused = node.cli(&["volume", "rollback", "vm", "--to", "missing"]);
+    assert!(text(&refused).contains("no volume named 'missing'"), "{}", text(&refused));
+    let refused = node.cli(&["volume", "rollback", "good", "--to", "good"]);
+    assert!(text(&refused).contains("not a snapshot of 'good'"), "{}", text(&refused));
+    let fio = start_fio_verify(&vm, "randwrite", "4k", "4M", "8", "40");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let refused = node.cli(&["volume", "rollback", "vm", "--to", "good"]);
+    let out = fio.wait_with_output().expect("fio");
+    assert!(!refused.status.success(), "rolled back under a connected client");
+    assert!(text(&refused).contains("NBD clients connected"), "{}", text(&refused));
+    assert!(out.status.success(), "fio failed around the refused rollback: {}", text(&out));
+    assert_eq!(json(&String::from_utf8_lossy(&out.stdout))["jobs"][0]["error"], 0);
+    assert_eq!(volume_json(&node, "vm")["state"], "online");
+    let mut changed = read_volume(&dir, &vm, "vm-changed");
+    assert_eq!(changed.len() as u64, 24 * MIB);
+    assert!(changed[15 * MIB as usize..16 * MIB as usize].iter().all(|&b| b == 0x5a));
+
+    // The rollback: the snapshot's data and size, served again by the same export.
+    let after =
+        json(&ok("rollback", node.cli(&["volume", "rollback", "vm", "--to", "good", "--json"])));
+    assert_eq!(
+        (after["state"].as_str(), after["size_bytes"].as_u64()),
+        (Some("online"), Some(16 * MIB))
+    );
+    assert_eq!(after["exports"][0], "vm", "{after}");
+    same_bytes(&read_volume(&dir, &vm, "vm-rolled-back"), &original, "the rolled-back volume");
+    same_bytes(&read_volume(&dir, &uri(&node, "vm"), "vm-again"), &original, "a new connection");
+
+    // Aborted after the copy, before the switch: the volume stays as it was.
+    qemu_io(&vm, &["write -P 0x77 0 1M", "flush"]);
+    changed = original.clone();
+    changed[..MIB as usize].fill(0x77);
+    for (point, want) in [("rollback-copied", &changed), ("rollback-switched", &original)] {
+        node.stop();
+        node.env = vec![("STRIA_CRASH_POINT".into(), point.into())];
+        node.restart();
+        let crashed = node.cli(&["volume", "rollback", "vm", "--to", "good"]);
+        assert!(!crashed.status.success(), "{point}: the node went on");
+        assert!(!node.wait_exit(std::time::Duration::from_secs(30)).success(), "{point}");
+        node.env.clear();
+        node.restart();
+        let volume = volume_json(&node, "vm");
+        assert_eq!(volume["state"], "online", "{point}: {volume}");
+        same_bytes(&read_volume(&dir, &uri(&node, "vm"), point), want, point);
+    }
+    ok("delete clone", node.cli(&["volume", "delete", "other"]));
+    node.stop();
+    let fsck = ok("fsck", node.cli(&["fsck"]));
+    assert!(fsck.contains("fsck: clean") && !fsck.contains("stray"), "{fsck}");
+}
+
 /// A snapshot of a volume striped over three targets, taken while one client writes 4 KiB
 /// blocks all over it, one after the other (each acknowledged before the next), is a clean
 /// cut: for some instant, every block holds the last write made to it before that instant.

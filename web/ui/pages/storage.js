@@ -193,6 +193,7 @@ function volumeRow(v, ctx) {
     h('td', { class: 'muted small' }, f.when(v.created_unix_s * 1000)),
     h('td', { class: 'actions' },
       copyButton(v, ctx, 'snapshot'), copyButton(v, ctx, 'clone'),
+      v.snapshot ? rollbackButton(v, ctx) : null,
       h('button', { type: 'button', class: 'danger small', 'data-testid': 'volume-delete',
         onclick: () => {
           if (!window.confirm(`Delete volume ${v.name} and all its data?`)) return;
@@ -215,6 +216,19 @@ function copyButton(v, ctx, kind) {
       act(ctx, () => api('POST', `/volumes/${encodeURIComponent(v.name)}/${kind}`, { name: name.trim() }),
         (copy) => `${kind === 'snapshot' ? 'Snapshot' : 'Clone'} ${copy.name} of ${v.name} made`);
     } }, kind === 'snapshot' ? 'Snapshot' : 'Clone');
+}
+
+// On a snapshot's row: gives the volume it was taken of this snapshot's data and size. The
+// server refuses while an NBD client is connected to that volume, and says so.
+function rollbackButton(v, ctx) {
+  return h('button', { type: 'button', class: 'danger small', 'data-testid': 'volume-rollback',
+    title: `Give ${v.origin} the data and size of this snapshot (what was written since is dropped)`,
+    disabled: v.state !== 'online',
+    onclick: () => {
+      if (!window.confirm(`Roll ${v.origin} back to ${v.name}? Everything written to ${v.origin} since the snapshot is lost.`)) return;
+      act(ctx, () => api('POST', `/volumes/${encodeURIComponent(v.origin)}/rollback`, { snapshot: v.name }),
+        () => `${v.origin} rolled back to ${v.name}`);
+    } }, 'Roll back');
 }
 
 function exportRow(x, ctx) {

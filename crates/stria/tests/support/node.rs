@@ -73,6 +73,8 @@ pub struct Node {
     pub data: PathBuf,
     pub mount: PathBuf,
     pub args: Vec<String>,
+    /// Environment variables of the next start (`restart`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -98,7 +100,7 @@ impl Node {
             args.extend(["--api-listen".into(), "127.0.0.1:0".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut node = Node { child: None, data: data.to_path_buf(), mount, args };
+        let mut node = Node { child: None, data: data.to_path_buf(), mount, args, env: Vec::new() };
         node.spawn();
         node
     }
@@ -111,6 +113,7 @@ impl Node {
         let err = std::fs::File::create(self.data.join("up.stderr")).expect("stderr file");
         let child = Command::new(STRIA)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -166,6 +169,12 @@ impl Node {
         let mut child = self.child.take().expect("node running");
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
+    }
+
+    /// Waits for the node to exit on its own (an abort, say) within `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("node running");
+        wait_timeout(&mut child, limit)
     }
 
     /// Starts the node again on the same data directory.
