@@ -271,7 +271,8 @@ async fn get_export(
     blocking(move || find_export(&state, &name).map(Json)).await
 }
 
-/// Stops serving an export (connections already open keep it until they close).
+/// Stops serving an export. Connected clients are cut off once their requests in flight are
+/// answered.
 #[utoipa::path(delete, path = "/api/v1/exports/{name}", tag = "volumes",
     params(("name" = String, Path, description = "Export name")),
     responses((status = 200, description = "The export as it was", body = Export),

@@ -321,6 +321,22 @@ impl Registry {
                 Some(v) => Ok(v),
             };
             let mut volume = online(get(tx, VOLUMES, "volume", name)?, name)?;
+            let own: Option<VolumeOrigin> = get(tx, ORIGINS, "origin", name)?;
+            if own.is_some_and(|o| o.snapshot) {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!("volume '{name}' is a snapshot and does not change"),
+                ));
+            }
+            if get::<Rollback>(tx, ROLLBACKS, "rollback", name)?.is_some() {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!(
+                        "the data the last rollback of '{name}' replaced is still being removed; \
+                         try again in a moment"
+                    ),
+                ));
+            }
             let from = online(get(tx, VOLUMES, "volume", snapshot)?, snapshot)?;
             let origin: Option<VolumeOrigin> = get(tx, ORIGINS, "origin", snapshot)?;
             if !origin.as_ref().is_some_and(|o| o.snapshot && o.source == name) {
@@ -358,10 +374,15 @@ impl Registry {
         value.map(|v| decode("rollback", name, v.value())).transpose()
     }
 
-    /// Points volume `name` at its rollback's copy, with size `size_bytes` (the snapshot's):
-    /// from this transaction on the volume holds the snapshot's data. Returns the rollback with
-    /// the replaced object noted.
-    pub fn switch_rollback(&self, name: &str, size_bytes: u64) -> Result<Rollback, MgmtError> {
+    /// Points volume `name` at its rollback's copy, with size `size_bytes` (the snapshot's),
+    /// and brings it online: from this transaction on the volume holds the snapshot's data.
+    /// The rollback's record stays, with the replaced object noted, until that object's data
+    /// is removed ([`Registry::forget_rollback`]). Returns the volume and the rollback.
+    pub fn switch_rollback(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<(VolumeRecord, Rollback), MgmtError> {
         self.write(|tx| {
             let mut rollback: Rollback = get(tx, ROLLBACKS, "rollback", name)?
                 .ok_or_else(|| not_found("rollback of volume", name))?;
@@ -371,17 +392,26 @@ impl Registry {
                 rollback.replaced = Some(volume.object);
                 volume.object = rollback.object;
                 volume.size_bytes = size_bytes;
+                volume.state = VolumeState::Online;
                 put(tx, VOLUMES, name, &volume)?;
                 put(tx, ROLLBACKS, name, &rollback)?;
             }
-            Ok(rollback)
+            Ok((volume, rollback))
         })
     }
 
-    /// Ends the rollback of volume `name` (done, or abandoned before its switch): the volume is
-    /// online again and the rollback's record goes.
-    pub fn end_rollback(&self, name: &str) -> Result<VolumeRecord, MgmtError> {
+    /// Ends the rollback of volume `name` that had not switched: the volume is online again
+    /// with its own data and the rollback's record goes. Refused after the switch (the
+    /// record's object is then the volume's data).
+    pub fn abandon_rollback(&self, name: &str) -> Result<VolumeRecord, MgmtError> {
         self.write(|tx| {
+            let rollback: Option<Rollback> = get(tx, ROLLBACKS, "rollback", name)?;
+            if rollback.is_some_and(|r| r.replaced.is_some()) {
+                return Err(internal(
+                    &format!("rollback of '{name}'"),
+                    "it switched already and cannot be abandoned",
+                ));
+            }
             let mut rollbacks =
                 tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
             rollbacks.remove(name).map_err(|e| internal("remove", e))?;
@@ -392,6 +422,52 @@ impl Registry {
             put(tx, VOLUMES, name, &volume)?;
             Ok(volume)
         })
+    }
+
+    /// Drops the record of a finished rollback of volume `name` (its replaced data is gone).
+    pub fn forget_rollback(&self, name: &str) -> Result<(), MgmtError> {
+        self.write(|tx| {
+            let mut rollbacks =
+                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
+            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
+            Ok(())
+        })
+    }
+
+    /// Every rollback record: those under way and those whose replaced data is still to go.
+    pub fn rollbacks(&self) -> Result<Vec<(String, Rollback)>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| internal("listing rollbacks", e))? {
+            let (k, v) = entry.map_err(|e| internal("listing rollbacks", e))?;
+            out.push((k.value().to_string(), decode("rollback", k.value(), v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Everything that owns volume data on the targets: every volume, and the objects of
+    /// rollbacks (a copy not switched to yet, a replaced object not yet removed) under their
+    /// volume's layout with no size limit. What owns nothing here is a stray to `stria fsck`
+    /// and to the recovery after a crash, so these must be listed while they exist.
+    pub fn data_owners(&self) -> Result<Vec<VolumeRecord>, MgmtError> {
+        let volumes = self.volumes()?;
+        let mut owners = volumes.clone();
+        for (name, rollback) in self.rollbacks()? {
+            let Some(volume) = volumes.iter().find(|v| v.name == name) else { continue };
+            for (object, what) in [(Some(rollback.object), "copy"), (rollback.replaced, "replaced")]
+            {
+                if let Some(object) = object.filter(|&o| o != volume.object) {
+                    owners.push(VolumeRecord {
+                        name: format!("{name} (rollback {what})"),
+                        object,
+                        size_bytes: u64::MAX,
+                        ..volume.clone()
+                    });
+                }
+            }
+        }
+        Ok(owners)
     }
 
     /// Changes a volume record in one transaction.
@@ -413,11 +489,32 @@ impl Registry {
         })
     }
 
-    /// Deletes the volume record (its data must be gone already).
+    /// Deletes the volume record (its data must be gone already). Copies made of it name
+    /// their origin `NAME (deleted)` from then on, so a later volume of the same name is not
+    /// taken for it (a rollback only takes the volume's own snapshots).
     pub fn remove_volume(&self, name: &str) -> Result<(), MgmtError> {
         self.write(|tx| {
             let mut origins = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
             origins.remove(name).map_err(|e| internal("remove", e))?;
+            let mut copies = Vec::new();
+            for entry in origins.iter().map_err(|e| internal("listing origins", e))? {
+                let (k, v) = entry.map_err(|e| internal("listing origins", e))?;
+                let origin: VolumeOrigin = decode("origin", k.value(), v.value())?;
+                if origin.source == name {
+                    copies.push((k.value().to_string(), origin));
+                }
+            }
+            for (copy, mut origin) in copies {
+                origin.source = format!("{name} (deleted)");
+                origins
+                    .insert(copy.as_str(), encode(&origin)?.as_slice())
+                    .map_err(|e| internal("update", e))?;
+            }
+            drop(origins);
+            let mut rollbacks =
+                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
+            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
+            drop(rollbacks);
             let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
             let removed = volumes.remove(name).map_err(|e| internal("remove", e))?.is_some();
             if removed { Ok(()) } else { Err(not_found("volume", name)) }
@@ -506,5 +603,96 @@ impl Registry {
             exports.insert(name, encode(&record)?.as_slice()).map_err(|e| internal("update", e))?;
             Ok(record)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stria_proto::fs::TargetId;
+
+    use super::*;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("stria-registry-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn layout() -> FileLayout {
+        FileLayout { pool: "default".into(), chunk_bytes: 1 << 20, targets: vec![TargetId(1)] }
+    }
+
+    fn set(registry: &Registry, name: &str, change: impl FnOnce(&mut VolumeRecord)) {
+        registry
+            .update_volume(name, |v| {
+                change(v);
+                Ok(())
+            })
+            .expect("update");
+    }
+
+    fn state(registry: &Registry, name: &str) -> VolumeState {
+        registry.volume(name).expect("volume").state
+    }
+
+    #[test]
+    fn a_rollback_switches_once_and_its_objects_stay_owned_until_forgotten() {
+        let dir = scratch("rollback");
+        let registry = Registry::open(&dir.join("registry.redb")).expect("open");
+        let vm = registry.create_volume("vm", 16 << 20, layout(), 1).expect("vm");
+        let (_, snap) = registry.create_copy("vm", "snap", true, 2).expect("snapshot");
+        set(&registry, "snap", |v| v.state = VolumeState::Online);
+        set(&registry, "vm", |v| v.size_bytes = 32 << 20);
+        let (_, clone) = registry.create_copy("vm", "clone", false, 3).expect("clone");
+        set(&registry, "clone", |v| v.state = VolumeState::Online);
+
+        let refused = registry.begin_rollback("vm", "clone").expect_err("a clone");
+        assert_eq!(refused.status, MgmtStatus::Invalid, "{refused}");
+        let refused = registry.begin_rollback("snap", "snap").expect_err("a snapshot itself");
+        assert_eq!(refused.status, MgmtStatus::Conflict, "{refused}");
+
+        let (_, from, rollback) = registry.begin_rollback("vm", "snap").expect("begin");
+        assert_eq!(from.object, snap.object);
+        assert!(![vm.object, snap.object, clone.object].contains(&rollback.object), "a fresh id");
+        assert_eq!(state(&registry, "vm"), VolumeState::RollingBack);
+        let owned: Vec<ObjectId> =
+            registry.data_owners().expect("owners").iter().map(|v| v.object).collect();
+        assert!(owned.contains(&rollback.object), "the copy is owned before the switch");
+        let again = registry.begin_rollback("vm", "snap").expect_err("one at a time");
+        assert_eq!(again.status, MgmtStatus::Conflict, "{again}");
+
+        let (switched, done) = registry.switch_rollback("vm", 16 << 20).expect("switch");
+        assert_eq!((switched.object, switched.size_bytes), (rollback.object, 16 << 20));
+        assert_eq!((switched.state, done.replaced), (VolumeState::Online, Some(vm.object)));
+        let (twice, _) = registry.switch_rollback("vm", 16 << 20).expect("switch again");
+        assert_eq!(twice.object, rollback.object, "a second switch changes nothing");
+        assert!(registry.abandon_rollback("vm").is_err(), "no abandon after the switch");
+        assert_eq!(registry.volume("vm").expect("vm").object, rollback.object);
+        let owned: Vec<ObjectId> =
+            registry.data_owners().expect("owners").iter().map(|v| v.object).collect();
+        assert!(owned.contains(&vm.object), "the replaced object is owned until it is removed");
+        let refused = registry.begin_rollback("vm", "snap").expect_err("replaced data left");
+        assert!(refused.message.contains("still being removed"), "{refused}");
+
+        registry.forget_rollback("vm").expect("forget");
+        assert!(registry.rollbacks().expect("rollbacks").is_empty());
+        let owned: Vec<ObjectId> =
+            registry.data_owners().expect("owners").iter().map(|v| v.object).collect();
+        assert!(!owned.contains(&vm.object), "{owned:?}");
+
+        // A rollback abandoned before its switch leaves the volume as it was.
+        let (_, _, second) = registry.begin_rollback("vm", "snap").expect("begin");
+        let back = registry.abandon_rollback("vm").expect("abandon");
+        assert_eq!((back.object, back.state), (rollback.object, VolumeState::Online));
+        assert_ne!(second.object, back.object);
+
+        // Deleting the volume renames its copies' origin.
+        registry.remove_volume("vm").expect("remove");
+        assert_eq!(registry.origin("snap").expect("origin").expect("some").source, "vm (deleted)");
+        registry.create_volume("vm", 16 << 20, layout(), 4).expect("a new vm");
+        let refused = registry.begin_rollback("vm", "snap").expect_err("not its snapshot");
+        assert_eq!(refused.status, MgmtStatus::Invalid, "{refused}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

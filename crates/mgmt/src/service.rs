@@ -61,6 +61,10 @@ pub trait Gateway: Send + Sync {
 /// Writes held back by [`Gateway::hold_writes`] until this drops.
 pub type WriteHold = Box<dyn std::any::Any + Send>;
 
+/// How long a rollback waits for connections that raced its check to close after the
+/// volume's exports stopped (they finish the requests they have in flight first).
+const ROLLBACK_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn now_unix_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -168,10 +172,10 @@ impl Mgmt {
                         "removing a snapshot or clone whose copy a stop interrupted");
                     mgmt.finish_delete(&volume)?;
                 }
-                VolumeState::RollingBack => mgmt.finish_interrupted_rollback(&volume)?,
-                VolumeState::Online => {}
+                VolumeState::RollingBack | VolumeState::Online => {}
             }
         }
+        mgmt.recover_rollbacks()?;
         Ok(mgmt)
     }
 
@@ -492,12 +496,51 @@ impl Mgmt {
     }
 
     /// Gives volume `name` the data and size of its snapshot `snapshot` (see [`Rollback`]).
-    /// The volume's exports stop while it runs, and it is refused while an NBD client is
-    /// connected to one of them: that client's cached blocks would no longer be the volume's.
+    /// Refused while an NBD client is connected to the volume: that client's cached blocks
+    /// would no longer be the volume's. The volume's exports stop while it runs.
     fn rollback_volume(&self, name: &str, snapshot: &str) -> MgmtResult {
+        let connected = self.connected_clients(name)?;
+        if !connected.is_empty() {
+            return Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!(
+                    "volume '{name}' has NBD clients connected ({}); disconnect them before \
+                     rolling it back",
+                    connected.join(", ")
+                ),
+            ));
+        }
         let (volume, from, rollback) = self.registry.begin_rollback(name, snapshot)?;
-        // From here no new connection finds the volume's exports.
-        let published = self.publish();
+        let started = std::time::Instant::now();
+        let copied = self.copy_for_rollback(&volume, &from, &rollback);
+        if let Err(e) = copied {
+            self.abandon_rollback(&volume, &rollback);
+            return Err(e);
+        }
+        crash_point("rollback-copied");
+        let (record, rollback) = match self.registry.switch_rollback(name, from.size_bytes) {
+            Ok(switched) => switched,
+            Err(e) => {
+                self.abandon_rollback(&volume, &rollback);
+                return Err(e);
+            }
+        };
+        crash_point("rollback-switched");
+        if let Err(e) = self.publish() {
+            tracing::warn!(volume = name, "serving the rolled-back volume: {e}");
+        }
+        self.remove_replaced(&record, &rollback);
+        tracing::info!(
+            volume = name,
+            snapshot,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "volume rolled back"
+        );
+        Ok(MgmtReply::Volume(self.volume_info(&record)))
+    }
+
+    /// The NBD clients connected to the exports of volume `name`, as `PEER on export 'X'`.
+    fn connected_clients(&self, name: &str) -> Result<Vec<String>, MgmtError> {
         let exports: Vec<String> = self
             .registry
             .exports()?
@@ -505,103 +548,114 @@ impl Mgmt {
             .filter(|e| e.volume == name)
             .map(|e| e.name)
             .collect();
-        let connected: Vec<String> = self
-            .gateway()
-            .map(|g| g.clients())
-            .unwrap_or_default()
+        let clients = self.gateway().map(|g| g.clients()).unwrap_or_default();
+        Ok(clients
             .into_iter()
             .filter(|c| exports.contains(&c.export))
             .map(|c| format!("{} on export '{}'", c.peer, c.export))
-            .collect();
-        let refused = match published {
-            Err(e) => Some(e),
-            Ok(()) if connected.is_empty() => None,
-            Ok(()) => Some(MgmtError::new(
-                MgmtStatus::Conflict,
-                format!(
-                    "volume '{name}' has NBD clients connected ({}); disconnect them before \
-                     rolling it back",
-                    connected.join(", ")
-                ),
-            )),
-        };
-        if let Some(e) = refused {
-            self.abandon_rollback(&volume, &rollback);
-            return Err(e);
-        }
-        let started = std::time::Instant::now();
-        let source = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
-        let copy = self.client.volume(rollback.object, volume.layout.clone(), from.size_bytes);
-        let copied = {
-            // A writer that connected just before the exports stopped: its writes finish first.
-            let _hold = self.gateway().and_then(|g| g.hold_writes(volume.object));
-            source.clone_to(rollback.object).and_then(|()| copy.flush())
-        };
-        if let Err(status) = copied {
-            self.abandon_rollback(&volume, &rollback);
-            return Err(fs_error("copying the snapshot's data", status));
-        }
-        crash_point("rollback-copied");
-        let rollback = self.registry.switch_rollback(name, from.size_bytes)?;
-        crash_point("rollback-switched");
-        let record = self.finish_rollback(&volume, &rollback)?;
-        tracing::info!(
-            volume = name,
-            snapshot,
-            copy_ms = started.elapsed().as_secs_f64() * 1e3,
-            "volume rolled back"
-        );
-        Ok(MgmtReply::Volume(self.volume_info(&record)))
+            .collect())
     }
 
-    /// After the switch: removes the replaced data, brings the volume online, serves it again.
-    fn finish_rollback(
+    /// The rollback's steps before its switch: the volume's exports stop (a client that
+    /// connected since the check is closed by the gateway, after its requests in flight), then
+    /// the snapshot's records are copied into the rollback's object and made durable.
+    fn copy_for_rollback(
         &self,
         volume: &VolumeRecord,
+        from: &VolumeRecord,
         rollback: &Rollback,
-    ) -> Result<VolumeRecord, MgmtError> {
-        if let Some(replaced) = rollback.replaced {
-            let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
-            old.remove_all()
-                .and_then(|()| old.flush())
-                .map_err(|e| fs_error("removing the data the rollback replaced", e))?;
-        }
-        let record = self.registry.end_rollback(&volume.name)?;
+    ) -> Result<(), MgmtError> {
         self.publish()?;
-        Ok(record)
+        let deadline = std::time::Instant::now() + ROLLBACK_DRAIN_WAIT;
+        loop {
+            let left = self.connected_clients(&volume.name)?;
+            if left.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!(
+                        "volume '{}' still has NBD clients connected ({}) {} s after its \
+                         exports stopped",
+                        volume.name,
+                        left.join(", "),
+                        ROLLBACK_DRAIN_WAIT.as_secs()
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let source = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
+        let copy = self.client.volume(rollback.object, volume.layout.clone(), from.size_bytes);
+        source
+            .clone_to(rollback.object)
+            .and_then(|()| copy.flush())
+            .map_err(|status| fs_error("copying the snapshot's data", status))
     }
 
-    /// Before the switch: drops the partial copy and leaves the volume as it was.
-    fn abandon_rollback(&self, volume: &VolumeRecord, rollback: &Rollback) {
-        let copy = self.client.volume(rollback.object, volume.layout.clone(), volume.size_bytes);
-        let ended = copy
+    /// After the switch: removes the data the rollback replaced, then its record. A failure
+    /// is logged and left for the next start (the record keeps the replaced object owned, so
+    /// nothing takes it for a stray meanwhile).
+    fn remove_replaced(&self, volume: &VolumeRecord, rollback: &Rollback) {
+        let Some(replaced) = rollback.replaced.filter(|&o| o != volume.object) else { return };
+        let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
+        let removed = old
             .remove_all()
-            .map_err(|e| fs_error("removing a rollback's partial copy", e))
-            .and_then(|()| self.registry.end_rollback(&volume.name))
-            .and_then(|_| self.publish());
-        if let Err(e) = ended {
-            // The record stays `rolling back`; the next start ends it.
-            tracing::warn!(volume = %volume.name, "ending a refused rollback: {e}");
+            .and_then(|()| old.flush())
+            .map_err(|e| fs_error("removing the data a rollback replaced", e))
+            .and_then(|()| self.registry.forget_rollback(&volume.name));
+        if let Err(e) = removed {
+            tracing::warn!(volume = %volume.name, "{e}; the next start tries again");
         }
     }
 
-    /// At start: a rollback a stop interrupted is finished if its switch was made, else
-    /// abandoned (the volume keeps its data from before the rollback).
-    fn finish_interrupted_rollback(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
-        let Some(rollback) = self.registry.rollback(&volume.name)? else {
-            tracing::warn!(volume = %volume.name, "a volume rolling back with no rollback record");
-            self.registry.end_rollback(&volume.name)?;
-            return Ok(());
+    /// Before the switch: drops the partial copy and leaves the volume as it was, served
+    /// again. Never touches the volume's own object.
+    fn abandon_rollback(&self, volume: &VolumeRecord, rollback: &Rollback) {
+        let ended = match self.registry.rollback(&volume.name) {
+            Ok(Some(now)) if now.replaced.is_none() && now.object != volume.object => {
+                let copy = self.client.volume(now.object, volume.layout.clone(), volume.size_bytes);
+                copy.remove_all()
+                    .and_then(|()| copy.flush())
+                    .map_err(|e| fs_error("removing a rollback's partial copy", e))
+                    .and_then(|()| self.registry.abandon_rollback(&volume.name))
+                    .and_then(|_| self.publish())
+            }
+            Ok(now) => Err(MgmtError::new(
+                MgmtStatus::Internal,
+                format!("rollback of '{}' is not abandonable: {now:?} ({rollback:?})", volume.name),
+            )),
+            Err(e) => Err(e),
         };
-        if rollback.replaced.is_some() {
-            tracing::info!(volume = %volume.name, snapshot = %rollback.snapshot,
-                "finishing a rollback a stop interrupted");
-            self.finish_rollback(volume, &rollback)?;
-        } else {
-            tracing::warn!(volume = %volume.name, snapshot = %rollback.snapshot,
-                "a stop interrupted the rollback before it took effect: the volume keeps its \
-                 data; roll it back again");
-            self.abandon_rollback(volume, &rollback);
+        if let Err(e) = ended {
+            // The volume stays `rolling-back`; the next start ends the rollback.
+            tracing::warn!(volume = %volume.name, "ending a failed rollback: {e}");
+        }
+    }
+
+    /// At start: rollbacks a stop interrupted before their switch are abandoned (the volume
+    /// keeps its data from before), and the data replaced by finished ones is removed.
+    fn recover_rollbacks(&self) -> Result<(), MgmtError> {
+        for (name, rollback) in self.registry.rollbacks()? {
+            let volume = self.registry.volume(&name)?;
+            if rollback.replaced.is_some() {
+                tracing::info!(volume = %name, "removing the data a rollback replaced");
+                self.remove_replaced(&volume, &rollback);
+            } else {
+                tracing::warn!(volume = %name, snapshot = %rollback.snapshot,
+                    "a stop interrupted the rollback before it took effect: the volume keeps \
+                     its data; roll it back again");
+                self.abandon_rollback(&volume, &rollback);
+            }
+        }
+        for volume in self.registry.volumes()? {
+            if volume.state == VolumeState::RollingBack
+                && self.registry.rollback(&volume.name)?.is_none()
+            {
+                tracing::warn!(volume = %volume.name, "a volume rolling back with no rollback record");
+                self.registry.abandon_rollback(&volume.name)?;
+            }
         }
         Ok(())
     }
@@ -666,9 +720,15 @@ impl Mgmt {
                 ),
             ));
         }
-        let record = self.registry.update_volume(name, |v| {
-            v.state = VolumeState::Deleting;
-            Ok(())
+        let record = self.registry.update_volume(name, |v| match v.state {
+            VolumeState::Online | VolumeState::Deleting => {
+                v.state = VolumeState::Deleting;
+                Ok(())
+            }
+            other => Err(MgmtError::new(
+                MgmtStatus::Conflict,
+                format!("volume '{name}' is {}; delete it once that is over", other.name()),
+            )),
         })?;
         self.finish_delete(&record)?;
         tracing::info!(volume = name, "volume deleted");
@@ -676,6 +736,11 @@ impl Mgmt {
     }
 
     fn finish_delete(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
+        // The data a finished rollback replaced and that could not be removed then.
+        if let Some(replaced) = self.registry.rollback(&volume.name)?.and_then(|r| r.replaced) {
+            let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
+            old.remove_all().map_err(|e| fs_error("removing a rollback's replaced data", e))?;
+        }
         let io = self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes);
         io.remove_all().map_err(|e| fs_error("removing the volume's data", e))?;
         self.registry.remove_volume(&volume.name)

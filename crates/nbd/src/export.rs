@@ -79,11 +79,42 @@ struct Entry {
 }
 
 /// The set of exports, cheap to clone (all clones share one registry). Changes take effect
-/// for options negotiated after them; a connection already in transmission keeps the backend
-/// it opened until it disconnects.
-#[derive(Debug, Clone, Default)]
+/// for options negotiated after them, and connections in transmission check theirs again
+/// after every change: one whose export is gone, whose access list no longer lets it in, or
+/// whose export now serves another backend or another mode is closed once the requests it
+/// has in flight are answered (see `transmission::run`).
+#[derive(Debug, Clone)]
 pub struct Exports {
     inner: Arc<RwLock<Registry>>,
+    /// Counts changes; connections in transmission wait on it.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for Exports {
+    fn default() -> Exports {
+        Exports { inner: Arc::default(), changes: Arc::new(tokio::sync::watch::Sender::new(0)) }
+    }
+}
+
+/// Whether a connection in transmission may go on, after a change of the exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    Kept,
+    Removed,
+    Refused,
+    /// The name now serves another backend, or the same one in another mode.
+    Replaced,
+}
+
+impl Standing {
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Standing::Kept => "still allowed",
+            Standing::Removed => "the export was removed",
+            Standing::Refused => "the access list no longer allows this client",
+            Standing::Replaced => "the export now serves other data or another mode",
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -128,15 +159,42 @@ impl Exports {
         };
         let old =
             registry.entries.insert(name.to_string(), Entry { export: Arc::new(export), stats });
+        drop(registry);
+        self.changes.send_modify(|n| *n += 1);
         Ok(old.map(|entry| (*entry.export).clone()))
     }
 
-    /// Removes the export `name`; connections already using it keep going.
+    /// Removes the export `name`; connections using it close once their requests in flight
+    /// are answered.
     pub fn remove(&self, name: &str) -> Option<Export> {
         let mut registry = self.write();
         let entry = registry.entries.remove(name)?;
         registry.retired_stats.insert(name.to_string(), entry.stats);
+        drop(registry);
+        self.changes.send_modify(|n| *n += 1);
         Some((*entry.export).clone())
+    }
+
+    /// Wakes on every later change of the exports.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Whether a connection of `peer` that opened `opened` under `name` may go on.
+    pub(crate) fn standing(&self, name: &str, peer: &Peer, opened: &Export) -> Standing {
+        let registry = self.read();
+        let Some(entry) = registry.entries.get(name) else { return Standing::Removed };
+        if acl::check(&entry.export.acl, peer) != Access::Allowed {
+            return Standing::Refused;
+        }
+        // The backend's address, without the vtable (which may differ between codegen units).
+        let same_backend = Arc::as_ptr(&entry.export.backend).cast::<()>()
+            == Arc::as_ptr(&opened.backend).cast::<()>();
+        if same_backend && entry.export.read_only == opened.read_only {
+            Standing::Kept
+        } else {
+            Standing::Replaced
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<Export> {

@@ -20,6 +20,8 @@ use crate::wire::*;
 pub(crate) struct Negotiated {
     pub transport: Transport,
     pub peer: SocketAddr,
+    /// The initiator as the access list saw it, for checks after export changes.
+    pub initiator: Peer,
     pub export_name: String,
     pub export: Arc<Export>,
     pub size: u64,
@@ -264,6 +266,7 @@ impl Conn<'_> {
         Next::Transmission(Box::new(Negotiated {
             transport: self.transport.take().expect("transport present"),
             peer: self.peer_addr,
+            initiator: self.peer.clone(),
             export_name: name,
             export,
             size,

@@ -26,9 +26,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::backend::{Backend, BackendError, Extent};
+use crate::export::Standing;
 use crate::handshake::Negotiated;
 use crate::server::{ServerStats, Shared, bump};
 use crate::transport::WriteHalf;
@@ -328,6 +329,8 @@ impl Ctx {
 
 enum Ending {
     Disconnect,
+    /// The export changed under the connection (see [`Standing`]).
+    Revoked(Standing),
     Eof,
     Shutdown,
     WriterGone,
@@ -340,8 +343,36 @@ pub(crate) async fn run(
     negotiated: Negotiated,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Negotiated { transport, peer, export_name, export, size, structured, block_status } =
-        negotiated;
+    let Negotiated {
+        transport,
+        peer,
+        initiator,
+        export_name,
+        export,
+        size,
+        structured,
+        block_status,
+    } = negotiated;
+    // A change of the exports since the handshake looked this one up counts too: the check
+    // runs once before the first request, then after every change.
+    let (revoked, mut revoked_rx) = watch::channel(None::<Standing>);
+    let _watcher = AbortOnDrop(tokio::spawn({
+        let exports = shared.exports.clone();
+        let (name, export) = (export_name.clone(), export.clone());
+        let mut changes = exports.watch();
+        async move {
+            loop {
+                let standing = exports.standing(&name, &initiator, &export);
+                if standing != Standing::Kept {
+                    let _ = revoked.send(Some(standing));
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }));
     let config = &shared.config;
     let limits = Limits { size, read_only: export.read_only, structured, block_status };
     let (read_half, write_half) = transport.split();
@@ -375,6 +406,7 @@ pub(crate) async fn run(
             biased;
             _ = shutdown.wait_for(|stop| *stop) => break Ending::Shutdown,
             _ = ctx.replies.closed() => break Ending::WriterGone,
+            standing = revoked_by(&mut revoked_rx) => break Ending::Revoked(standing),
             read = reader.read_exact(&mut header) => read,
         };
         if let Err(e) = read {
@@ -518,6 +550,10 @@ pub(crate) async fn run(
         Ending::Disconnect => debug!(%peer, "NBD client disconnected"),
         Ending::Eof => debug!(%peer, "NBD client closed the connection"),
         Ending::Shutdown => debug!(%peer, "NBD connection closing for shutdown"),
+        Ending::Revoked(standing) => {
+            info!(%peer, export = %ctx.export_name, reason = standing.reason(),
+                "NBD connection closing: its export changed")
+        }
         Ending::WriterGone => debug!(%peer, "NBD reply writer stopped"),
         Ending::Io(e) => debug!(%peer, error = %e, "NBD connection read failed"),
         Ending::Violation(why) => {
@@ -532,6 +568,25 @@ pub(crate) async fn run(
     drop(reader);
     if let Err(e) = writer.await {
         warn!(%peer, error = %e, "NBD reply writer panicked");
+    }
+}
+
+/// Waits until the connection's export watcher finds it may not go on.
+async fn revoked_by(watcher: &mut watch::Receiver<Option<Standing>>) -> Standing {
+    let verdict = watcher.wait_for(Option::is_some).await.map(|standing| *standing);
+    match verdict {
+        Ok(standing) => standing.unwrap_or(Standing::Removed),
+        // The watcher stopped without a verdict (the exports are gone with the server).
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Aborts the task when dropped: the export watcher lives as long as its connection.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

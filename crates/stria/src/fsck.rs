@@ -70,7 +70,7 @@ pub fn run(args: FsckArgs) -> Result<()> {
     let registry_path = args.data.join("mgmt/registry.redb");
     let volumes: BTreeMap<u64, stria_mgmt::VolumeRecord> = if registry_path.exists() {
         let registry = stria_mgmt::Registry::open(&registry_path)?;
-        registry.volumes()?.into_iter().map(|v| (v.object.0, v)).collect()
+        registry.data_owners()?.into_iter().map(|v| (v.object.0, v)).collect()
     } else {
         BTreeMap::new()
     };

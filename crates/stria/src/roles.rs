@@ -361,7 +361,7 @@ impl Roles {
     /// again. Returns the role that died, if one did.
     pub fn watch(
         &mut self,
-        volumes: impl Fn() -> Vec<stria_mgmt::VolumeRecord>,
+        volumes: impl Fn() -> Result<Vec<stria_mgmt::VolumeRecord>>,
         live_sizes: impl Fn() -> std::collections::BTreeMap<stria_proto::fs::Ino, u64>,
     ) -> Result<Option<Role>> {
         let mut died = None;
@@ -381,7 +381,7 @@ impl Roles {
         tracing::error!(role = role.name(), %status, "role process died; recovering");
         self.stop()?;
         // Taken with both roles stopped: no write of the client can land after it.
-        self.recover(&volumes(), &live_sizes())?;
+        self.recover(&volumes()?, &live_sizes())?;
         self.spawn_both()?;
         self.restarts += 1;
         eprintln!("the server roles serve again");

@@ -543,7 +543,8 @@ pub fn run(args: UpArgs) -> Result<()> {
     while !interrupt::requested() {
         std::thread::sleep(Duration::from_millis(100));
         if let Servers::Separate(roles) = &mut servers {
-            let volumes = || mgmt.registry().volumes().unwrap_or_default();
+            // An unreadable registry stops the recovery: every volume's data would look stray.
+            let volumes = || mgmt.registry().data_owners().context("listing volumes");
             let live = || client.open_file_sizes().into_iter().collect();
             if let Err(e) = roles.watch(volumes, live) {
                 eprintln!("error: cannot restart the server roles: {e:#}");
@@ -670,7 +671,7 @@ fn free_strays_after_a_crash(
     registry: &stria_mgmt::Registry,
     storage: &StorageService,
 ) -> Result<()> {
-    let volumes = registry.volumes().context("listing volumes")?;
+    let volumes = registry.data_owners().context("listing volumes")?;
     let targets: Vec<&stria_storage::Target> = storage.targets().map(|t| t.as_ref()).collect();
     let freed = crate::fsck::free_strays(meta, &volumes, &targets, &Default::default())
         .context("freeing the chunk data a crash left behind")?;

@@ -53,7 +53,8 @@ pub enum ExportCommand {
     Add(ExportAddArgs),
     /// List exports with their access lists and live connection counts.
     List(ListArgs),
-    /// Stop serving an export (connected clients are cut off).
+    /// Stop serving an export (connected clients are cut off once their requests in flight
+    /// are answered).
     Remove(NameArgs),
 }
 
@@ -61,7 +62,8 @@ pub enum ExportCommand {
 pub enum InitiatorCommand {
     /// Let an address or CIDR block (optionally only with a TLS identity) use an export.
     Allow(RuleArgs),
-    /// Remove a rule added with `allow`.
+    /// Remove a rule added with `allow`. Connected clients the list no longer lets in are cut
+    /// off once their requests in flight are answered.
     Deny(RuleArgs),
     /// Show the access lists of every export, or of one.
     List(InitiatorListArgs),

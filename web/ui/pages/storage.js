@@ -177,7 +177,7 @@ function targetCard(ctx) {
   };
 }
 
-function volumeRow(v, ctx) {
+function volumeRow(v, ctx, volumes) {
   const ratio = v.allocated_bytes === null ? 0 : v.allocated_bytes / v.size_bytes;
   return h('tr', { 'data-testid': 'volume-row', 'data-volume': v.name, 'data-state': v.state },
     h('td', {}, h('strong', {}, v.name),
@@ -193,7 +193,7 @@ function volumeRow(v, ctx) {
     h('td', { class: 'muted small' }, f.when(v.created_unix_s * 1000)),
     h('td', { class: 'actions' },
       copyButton(v, ctx, 'snapshot'), copyButton(v, ctx, 'clone'),
-      v.snapshot ? rollbackButton(v, ctx) : null,
+      v.snapshot ? rollbackButton(v, ctx, volumes.find((o) => o.name === v.origin)) : null,
       h('button', { type: 'button', class: 'danger small', 'data-testid': 'volume-delete',
         onclick: () => {
           if (!window.confirm(`Delete volume ${v.name} and all its data?`)) return;
@@ -218,12 +218,14 @@ function copyButton(v, ctx, kind) {
     } }, kind === 'snapshot' ? 'Snapshot' : 'Clone');
 }
 
-// On a snapshot's row: gives the volume it was taken of this snapshot's data and size. The
-// server refuses while an NBD client is connected to that volume, and says so.
-function rollbackButton(v, ctx) {
+// On a snapshot's row: gives the volume it was taken of (`origin`, absent once deleted) this
+// snapshot's data and size. The server refuses while an NBD client is connected to that
+// volume, and says so.
+function rollbackButton(v, ctx, origin) {
+  if (!origin) return null;
   return h('button', { type: 'button', class: 'danger small', 'data-testid': 'volume-rollback',
     title: `Give ${v.origin} the data and size of this snapshot (what was written since is dropped)`,
-    disabled: v.state !== 'online',
+    disabled: v.state !== 'online' || origin.state !== 'online',
     onclick: () => {
       if (!window.confirm(`Roll ${v.origin} back to ${v.name}? Everything written to ${v.origin} since the snapshot is lost.`)) return;
       act(ctx, () => api('POST', `/volumes/${encodeURIComponent(v.origin)}/rollback`, { snapshot: v.name }),
@@ -355,7 +357,7 @@ export default {
           { 'data-testid': 'pools-table' }));
 
         volumesEl.replaceChildren(table(['Name', 'Size', 'Allocated', 'Pool', 'Targets', 'Chunk', 'Exports', 'State', 'Created', ''],
-          volumes.map((v) => volumeRow(v, ctx)), { 'data-testid': 'volumes-table' }, 'No volumes yet: create one below or with stria volume create.'));
+          volumes.map((v) => volumeRow(v, ctx, volumes)), { 'data-testid': 'volumes-table' }, 'No volumes yet: create one below or with stria volume create.'));
         exportsEl.replaceChildren(table(['Export', 'Volume', 'Access', 'Initiators allowed', 'Connections', 'Refused', ''],
           exports.map((x) => exportRow(x, ctx)), { 'data-testid': 'exports-table' }, 'No exports: serve a volume below or with stria export add.'));
 
