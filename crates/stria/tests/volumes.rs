@@ -545,7 +545,23 @@ fn access_lists_read_only_exports_and_volume_rules() {
     // Allowing the loopback address lets the client in; denying it shuts the door again.
     ok("allow", node.cli(&["initiator", "allow", "locked", "127.0.0.1"]));
     ok("nbdinfo allowed", tool("nbdinfo", &[&uri(&node, "locked")]));
+    // A client connected when its address is denied is cut off, not left writing.
+    let mut fio = start_fio_verify(&uri(&node, "locked"), "randwrite", "4k", "4M", "8", "100000");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(fio.try_wait().expect("fio").is_none(), "fio ended before the deny");
     ok("deny", node.cli(&["initiator", "deny", "locked", "127.0.0.1"]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = fio.try_wait().expect("fio") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = fio.kill();
+            panic!("fio still writes 30 s after its initiator was denied");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success(), "fio finished its 100,000 loops instead of being cut off");
     assert!(!tool("nbdinfo", &[&uri(&node, "locked")]).status.success(), "deny had no effect");
 
     // A read-only export refuses writes and the data does not change.
