@@ -539,15 +539,15 @@ impl Mgmt {
         Ok(MgmtReply::Volume(self.volume_info(&record)))
     }
 
+    /// The names of the exports of volume `name`.
+    fn exports_of(&self, name: &str) -> Result<Vec<String>, MgmtError> {
+        let exports = self.registry.exports()?.into_iter();
+        Ok(exports.filter(|e| e.volume == name).map(|e| e.name).collect())
+    }
+
     /// The NBD clients connected to the exports of volume `name`, as `PEER on export 'X'`.
     fn connected_clients(&self, name: &str) -> Result<Vec<String>, MgmtError> {
-        let exports: Vec<String> = self
-            .registry
-            .exports()?
-            .into_iter()
-            .filter(|e| e.volume == name)
-            .map(|e| e.name)
-            .collect();
+        let exports = self.exports_of(name)?;
         let clients = self.gateway().map(|g| g.clients()).unwrap_or_default();
         Ok(clients
             .into_iter()
@@ -704,13 +704,7 @@ impl Mgmt {
     }
 
     fn delete_volume(&self, name: &str) -> MgmtResult {
-        let exports: Vec<String> = self
-            .registry
-            .exports()?
-            .into_iter()
-            .filter(|e| e.volume == name)
-            .map(|e| e.name)
-            .collect();
+        let exports = self.exports_of(name)?;
         if !exports.is_empty() {
             return Err(MgmtError::new(
                 MgmtStatus::Conflict,
