@@ -26,69 +26,73 @@ impl std::fmt::Debug for Transport {
     }
 }
 
-impl AsyncRead for Transport {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
+/// Runs `$body` with `$s` bound to the stream inside whichever variant `$value` is (each arm
+/// has its own type, so the body is written once and expanded per arm).
+macro_rules! each_variant {
+    ($value:expr, $s:ident => $body:expr, $($variant:path),+) => {
+        match $value {
+            $($variant($s) => $body,)+
         }
-    }
+    };
 }
 
-impl AsyncWrite for Transport {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
+/// The reading side's and the writing side's `tokio::io` traits, forwarded to every variant of
+/// `$kind`.
+macro_rules! forward_io {
+    (write $kind:ty, $($variant:path),+) => {
+        impl AsyncWrite for $kind {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                each_variant!(self.get_mut(), s => Pin::new(s).poll_write(cx, buf), $($variant),+)
+            }
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                each_variant!(
+                    self.get_mut(), s => Pin::new(s).poll_write_vectored(cx, bufs), $($variant),+
+                )
+            }
 
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Transport::Plain(s) => s.is_write_vectored(),
-            Transport::Tls(s) => s.is_write_vectored(),
-            Transport::Memory(s) => s.is_write_vectored(),
-        }
-    }
+            fn is_write_vectored(&self) -> bool {
+                each_variant!(self, s => s.is_write_vectored(), $($variant),+)
+            }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                each_variant!(self.get_mut(), s => Pin::new(s).poll_flush(cx), $($variant),+)
+            }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<io::Result<()>> {
+                each_variant!(self.get_mut(), s => Pin::new(s).poll_shutdown(cx), $($variant),+)
+            }
         }
-    }
+    };
+    ($kind:ty, $($variant:path),+) => {
+        impl AsyncRead for $kind {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                each_variant!(self.get_mut(), s => Pin::new(s).poll_read(cx, buf), $($variant),+)
+            }
+        }
+    };
 }
+
+// A boxed TLS stream forwards like the others: tokio implements the traits for `Box<T>`.
+forward_io!(Transport, Transport::Plain, Transport::Tls, Transport::Memory);
+forward_io!(write Transport, Transport::Plain, Transport::Tls, Transport::Memory);
+forward_io!(ReadHalf, ReadHalf::Plain, ReadHalf::Shared);
+forward_io!(write WriteHalf, WriteHalf::Plain, WriteHalf::Shared);
 
 impl Transport {
     /// The reading and the writing side, for the connection's reader and its reply writer.
@@ -117,62 +121,4 @@ pub(crate) enum ReadHalf {
 pub(crate) enum WriteHalf {
     Plain(tokio::net::tcp::OwnedWriteHalf),
     Shared(tokio::io::WriteHalf<Transport>),
-}
-
-impl AsyncRead for ReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ReadHalf::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ReadHalf::Shared(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            WriteHalf::Shared(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            WriteHalf::Shared(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            WriteHalf::Plain(s) => s.is_write_vectored(),
-            WriteHalf::Shared(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(s) => Pin::new(s).poll_flush(cx),
-            WriteHalf::Shared(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            WriteHalf::Shared(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
 }
