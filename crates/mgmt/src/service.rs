@@ -56,14 +56,20 @@ pub trait Gateway: Send + Sync {
     fn hold_writes(&self, _object: ObjectId) -> Option<WriteHold> {
         None
     }
+    /// Whether anything of the gateway still holds the volume `object`'s backend: an export of
+    /// it, or a connection (also one whose export was removed, until it has answered what it
+    /// had in flight and closed).
+    fn in_use(&self, _object: ObjectId) -> bool {
+        false
+    }
 }
 
 /// Writes held back by [`Gateway::hold_writes`] until this drops.
 pub type WriteHold = Box<dyn std::any::Any + Send>;
 
-/// How long a rollback waits for connections that raced its check to close after the
-/// volume's exports stopped (they finish the requests they have in flight first).
-const ROLLBACK_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a rollback or a delete waits for the connections to a volume to close after its
+/// exports stopped (they finish the requests they have in flight first).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn now_unix_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -545,6 +551,34 @@ impl Mgmt {
         Ok(exports.filter(|e| e.volume == name).map(|e| e.name).collect())
     }
 
+    /// Waits until no connection of the gateway holds `volume`'s data any more (those of
+    /// exports just removed finish their requests in flight first), at most [`DRAIN_WAIT`].
+    fn wait_unused(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
+        let Some(gateway) = self.gateway() else { return Ok(()) };
+        let deadline = std::time::Instant::now() + DRAIN_WAIT;
+        while gateway.in_use(volume.object) {
+            if std::time::Instant::now() > deadline {
+                let left = self.connected_clients(&volume.name)?;
+                return Err(MgmtError::new(
+                    MgmtStatus::Conflict,
+                    format!(
+                        "NBD connections to volume '{}' are still open {} s after its exports \
+                         stopped{}",
+                        volume.name,
+                        DRAIN_WAIT.as_secs(),
+                        if left.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", left.join(", "))
+                        }
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// The NBD clients connected to the exports of volume `name`, as `PEER on export 'X'`.
     fn connected_clients(&self, name: &str) -> Result<Vec<String>, MgmtError> {
         let exports = self.exports_of(name)?;
@@ -557,8 +591,9 @@ impl Mgmt {
     }
 
     /// The rollback's steps before its switch: the volume's exports stop (a client that
-    /// connected since the check is closed by the gateway, after its requests in flight), then
-    /// the snapshot's records are copied into the rollback's object and made durable.
+    /// connected since the check is closed by the gateway, after its requests in flight, and
+    /// waited for), then the snapshot's records are copied into the rollback's object and made
+    /// durable.
     fn copy_for_rollback(
         &self,
         volume: &VolumeRecord,
@@ -566,26 +601,7 @@ impl Mgmt {
         rollback: &Rollback,
     ) -> Result<(), MgmtError> {
         self.publish()?;
-        let deadline = std::time::Instant::now() + ROLLBACK_DRAIN_WAIT;
-        loop {
-            let left = self.connected_clients(&volume.name)?;
-            if left.is_empty() {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(MgmtError::new(
-                    MgmtStatus::Conflict,
-                    format!(
-                        "volume '{}' still has NBD clients connected ({}) {} s after its \
-                         exports stopped",
-                        volume.name,
-                        left.join(", "),
-                        ROLLBACK_DRAIN_WAIT.as_secs()
-                    ),
-                ));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        self.wait_unused(volume)?;
         let source = self.client.volume(from.object, from.layout.clone(), from.size_bytes);
         let copy = self.client.volume(rollback.object, volume.layout.clone(), from.size_bytes);
         source
@@ -714,6 +730,8 @@ impl Mgmt {
                 ),
             ));
         }
+        // Connections of an export removed just before may still be answering requests.
+        self.wait_unused(&self.registry.volume(name)?)?;
         let record = self.registry.update_volume(name, |v| match v.state {
             VolumeState::Online | VolumeState::Deleting => {
                 v.state = VolumeState::Deleting;

@@ -96,6 +96,12 @@ impl Default for Exports {
     }
 }
 
+/// Whether two exports serve one backend: its address, without the vtable (which may differ
+/// between codegen units).
+fn same_backend(a: &Export, b: &Export) -> bool {
+    Arc::as_ptr(&a.backend).cast::<()>() == Arc::as_ptr(&b.backend).cast::<()>()
+}
+
 /// Whether a connection in transmission may go on, after a change of the exports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Standing {
@@ -157,10 +163,19 @@ impl Exports {
             Some(old) => old.stats.clone(),
             None => registry.retired_stats.remove(name).unwrap_or_default(),
         };
+        let same = registry.entries.get(name).is_some_and(|old| {
+            same_backend(&old.export, &export)
+                && old.export.read_only == export.read_only
+                && old.export.acl == export.acl
+        });
         let old =
             registry.entries.insert(name.to_string(), Entry { export: Arc::new(export), stats });
         drop(registry);
-        self.changes.send_modify(|n| *n += 1);
+        // An export put back unchanged (the node's gateway re-applies every export after each
+        // management change) concerns no connection.
+        if !same {
+            self.changes.send_modify(|n| *n += 1);
+        }
         Ok(old.map(|entry| (*entry.export).clone()))
     }
 
@@ -187,10 +202,7 @@ impl Exports {
         if acl::check(&entry.export.acl, peer) != Access::Allowed {
             return Standing::Refused;
         }
-        // The backend's address, without the vtable (which may differ between codegen units).
-        let same_backend = Arc::as_ptr(&entry.export.backend).cast::<()>()
-            == Arc::as_ptr(&opened.backend).cast::<()>();
-        if same_backend && entry.export.read_only == opened.read_only {
+        if same_backend(&entry.export, opened) && entry.export.read_only == opened.read_only {
             Standing::Kept
         } else {
             Standing::Replaced

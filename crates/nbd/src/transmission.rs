@@ -353,21 +353,21 @@ pub(crate) async fn run(
         structured,
         block_status,
     } = negotiated;
-    // A change of the exports since the handshake looked this one up counts too: the check
-    // runs once before the first request, then after every change.
-    let (revoked, mut revoked_rx) = watch::channel(None::<Standing>);
+    // The check runs here, before the first request, against a subscription taken first, so a
+    // change since the handshake looked the export up is seen (the node's gateway, draining a
+    // volume, relies on it: a connection listed after its last look serves nothing); then
+    // after every later change, in a watcher task.
+    let mut changes = shared.exports.watch();
+    let first = shared.exports.standing(&export_name, &initiator, &export);
+    let (revoked, mut revoked_rx) = watch::channel((first != Standing::Kept).then_some(first));
     let _watcher = AbortOnDrop(tokio::spawn({
         let exports = shared.exports.clone();
         let (name, export) = (export_name.clone(), export.clone());
-        let mut changes = exports.watch();
         async move {
-            loop {
+            while changes.changed().await.is_ok() {
                 let standing = exports.standing(&name, &initiator, &export);
                 if standing != Standing::Kept {
                     let _ = revoked.send(Some(standing));
-                    return;
-                }
-                if changes.changed().await.is_err() {
                     return;
                 }
             }
@@ -565,10 +565,17 @@ pub(crate) async fn run(
     // before the connection closes, as the protocol asks for NBD_CMD_DISC and shutdown.
     while tasks.join_next().await.is_some() {}
     drop(ctx);
-    drop(reader);
     if let Err(e) = writer.await {
         warn!(%peer, error = %e, "NBD reply writer panicked");
     }
+    // The writer has sent every reply and shut its side. Closing with requests of a pipelining
+    // client still unread would reset the connection, and the kernel would drop replies not yet
+    // delivered: read until the client closes too (bounded).
+    let linger = async {
+        let mut sink = vec![0u8; 64 << 10];
+        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+    };
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, linger).await;
 }
 
 /// Waits until the connection's export watcher finds it may not go on.

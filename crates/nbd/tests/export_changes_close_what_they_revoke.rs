@@ -20,10 +20,12 @@ fn opened(server: &TestServer, byte: u8) -> RawClient {
     client
 }
 
-/// The connection still serves after `change` (given time to be checked again).
-fn kept(client: &mut RawClient, byte: u8, what: &str) {
+/// The connection still serves after `change` (given time to be checked again) and is still
+/// listed.
+fn kept(server: &TestServer, client: &mut RawClient, byte: u8, what: &str) {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(client.read(2, 0, 4096), Ok(vec![byte; 4096]), "{what}: the connection was cut");
+    assert_eq!(server.clients.list().len(), 1, "{what}: the connection is not listed");
 }
 
 fn closed(client: &mut RawClient, what: &str) {
@@ -40,9 +42,9 @@ fn export_changes_close_only_the_connections_they_revoke() {
 
     let mut client = opened(&server, 1);
     exports.insert("a", export.clone()).expect("same export again");
-    kept(&mut client, 1, "the same export put back");
+    kept(&server, &mut client, 1, "the same export put back");
     exports.remove("b");
-    kept(&mut client, 1, "another export removed");
+    kept(&server, &mut client, 1, "another export removed");
     let wider = Export {
         acl: vec![
             AclRule::new("127.0.0.0/8", None).expect("rule"),
@@ -51,7 +53,7 @@ fn export_changes_close_only_the_connections_they_revoke() {
         ..export.clone()
     };
     exports.insert("a", wider).expect("wider list");
-    kept(&mut client, 1, "a wider access list");
+    kept(&server, &mut client, 1, "a wider access list");
 
     exports.remove("a");
     closed(&mut client, "export removed");

@@ -327,6 +327,12 @@ impl Gateway for NbdGateway {
         Some(Box::new(hold))
     }
 
+    fn in_use(&self, object: ObjectId) -> bool {
+        let locks = self.change_locks.lock().unwrap_or_else(|e| e.into_inner());
+        // Every backend of the volume holds its change lock; nothing else keeps it for long.
+        locks.get(&object).is_some_and(|lock| lock.strong_count() > 0)
+    }
+
     fn volume_io(&self, object: ObjectId) -> VolumeIoCounts {
         let backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         let Some(b) = backends.get(&object) else { return VolumeIoCounts::default() };

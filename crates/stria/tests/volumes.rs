@@ -606,10 +606,18 @@ fn access_lists_read_only_exports_and_volume_rules() {
     ok("old tail reads zero", tool("qemu-io", &["-f", "raw", &rw, "-c", "read -P 0 20M 1M"]));
     ok("head kept", tool("qemu-io", &["-f", "raw", &rw, "-c", "read -P 0x5a 0 64k"]));
 
-    // Removing the exports lets the volume go, with its data.
+    // Removing the exports lets the volume go, with its data, also while a client writes: the
+    // removal cuts it off, and the delete (which waits until no connection holds the volume)
+    // leaves nothing behind for fsck below. (The wait itself is not forced here: the cut-off
+    // connection's last writes are done long before the next command runs.)
+    let mut fio = start_fio_verify(&rw, "randwrite", "4k", "8M", "16", "100000");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(fio.try_wait().expect("fio").is_none(), "fio ended before the removal");
     ok("remove ro", node.cli(&["export", "remove", "open-ro"]));
     ok("remove", node.cli(&["export", "remove", "open"]));
     ok("delete", node.cli(&["volume", "delete", "open"]));
+    let cut = fio.wait_with_output().expect("fio");
+    assert!(!cut.status.success(), "fio went on after its export was removed");
     let volumes = ok("volume list", node.cli(&["volume", "list", "--json"]));
     assert!(!volumes.contains("\"open\""), "{volumes}");
     node.stop();
