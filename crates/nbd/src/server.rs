@@ -78,6 +78,7 @@ pub struct ServerStats {
     pub(crate) bytes_written: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) protocol_violations: AtomicU64,
+    pub(crate) connections_revoked: AtomicU64,
 }
 
 /// A copy of [`ServerStats`] at one moment.
@@ -102,6 +103,9 @@ pub struct ServerStatsSnapshot {
     pub errors: u64,
     /// Connections closed because the client broke the protocol (bad magic, oversized write).
     pub protocol_violations: u64,
+    /// Connections closed because their export changed under them: removed, its access list
+    /// no longer letting the client in, or serving other data or another mode.
+    pub connections_revoked: u64,
 }
 
 impl ServerStats {
@@ -118,6 +122,7 @@ impl ServerStats {
             bytes_written: get(&self.bytes_written),
             errors: get(&self.errors),
             protocol_violations: get(&self.protocol_violations),
+            connections_revoked: get(&self.connections_revoked),
         }
     }
 }

@@ -360,7 +360,7 @@ pub(crate) async fn run(
     let mut changes = shared.exports.watch();
     let first = shared.exports.standing(&export_name, &initiator, &export);
     let (revoked, mut revoked_rx) = watch::channel((first != Standing::Kept).then_some(first));
-    let _watcher = AbortOnDrop(tokio::spawn({
+    let watcher = AbortOnDrop(tokio::spawn({
         let exports = shared.exports.clone();
         let (name, export) = (export_name.clone(), export.clone());
         async move {
@@ -551,6 +551,7 @@ pub(crate) async fn run(
         Ending::Eof => debug!(%peer, "NBD client closed the connection"),
         Ending::Shutdown => debug!(%peer, "NBD connection closing for shutdown"),
         Ending::Revoked(standing) => {
+            bump(&shared.stats.connections_revoked, 1);
             info!(%peer, export = %ctx.export_name, reason = standing.reason(),
                 "NBD connection closing: its export changed")
         }
@@ -564,7 +565,9 @@ pub(crate) async fn run(
     // In-flight requests finish (their payloads are complete) and their replies are sent
     // before the connection closes, as the protocol asks for NBD_CMD_DISC and shutdown.
     while tasks.join_next().await.is_some() {}
-    drop(ctx);
+    // Nothing of the connection holds the backend past this point: a volume being deleted or
+    // rolled back waits only for the requests, not for the client to close.
+    drop((ctx, watcher, export));
     if let Err(e) = writer.await {
         warn!(%peer, error = %e, "NBD reply writer panicked");
     }

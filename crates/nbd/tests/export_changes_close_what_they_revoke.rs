@@ -76,6 +76,8 @@ fn export_changes_close_only_the_connections_they_revoke() {
     exports.insert("a", Export { read_only: true, ..export.clone() }).expect("read-only");
     closed(&mut client, "the export made read-only");
 
+    // Each close was the export change's doing, and only those four were.
+    server.wait_for("four revoked connections", |s| s.connections_revoked == 4);
     // What was written before each change stayed; nobody is listed any more.
     assert_eq!(read_backend(&backend, 0, 4096), vec![4; 4096]);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
