@@ -152,6 +152,17 @@ fn put<T: Serialize>(
     Ok(())
 }
 
+/// Removes the row `name` of `table`, if there is one.
+fn delete(
+    tx: &redb::WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    name: &str,
+) -> Result<(), MgmtError> {
+    let mut table = tx.open_table(table).map_err(|e| internal("table", e))?;
+    table.remove(name).map_err(|e| internal("remove", e))?;
+    Ok(())
+}
+
 fn internal(what: &str, e: impl std::fmt::Display) -> MgmtError {
     MgmtError::new(MgmtStatus::Internal, format!("registry: {what}: {e}"))
 }
@@ -223,25 +234,41 @@ impl Registry {
         Ok(out)
     }
 
-    pub fn volumes(&self) -> Result<Vec<VolumeRecord>, MgmtError> {
+    /// The row `name` of `table` (a `kind` record), in a read transaction of its own.
+    fn row<T: for<'de> Deserialize<'de>>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<T>, MgmtError> {
         let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
+        let table = tx.open_table(table).map_err(|e| internal(&format!("{kind} table"), e))?;
+        let value = table.get(name).map_err(|e| internal(&format!("reading a {kind}"), e))?;
+        value.map(|v| decode(kind, name, v.value())).transpose()
+    }
+
+    /// Every row of `table` (`kind` records) with its name.
+    fn rows<T: for<'de> Deserialize<'de>>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        kind: &str,
+    ) -> Result<Vec<(String, T)>, MgmtError> {
+        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
+        let table = tx.open_table(table).map_err(|e| internal(&format!("{kind} table"), e))?;
         let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| internal("listing volumes", e))? {
-            let (k, v) = entry.map_err(|e| internal("listing volumes", e))?;
-            out.push(decode("volume", k.value(), v.value())?);
+        for entry in table.iter().map_err(|e| internal(&format!("listing {kind}s"), e))? {
+            let (k, v) = entry.map_err(|e| internal(&format!("listing {kind}s"), e))?;
+            out.push((k.value().to_string(), decode(kind, k.value(), v.value())?));
         }
         Ok(out)
     }
 
+    pub fn volumes(&self) -> Result<Vec<VolumeRecord>, MgmtError> {
+        Ok(self.rows(VOLUMES, "volume")?.into_iter().map(|(_, v)| v).collect())
+    }
+
     pub fn volume(&self, name: &str) -> Result<VolumeRecord, MgmtError> {
-        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
-        let v = table.get(name).map_err(|e| internal("reading a volume", e))?;
-        match v {
-            Some(v) => decode("volume", name, v.value()),
-            None => Err(not_found("volume", name)),
-        }
+        self.row(VOLUMES, "volume", name)?.ok_or_else(|| not_found("volume", name))
     }
 
     /// Records a new volume with the next free object id; `layout` says where its chunks go.
@@ -297,10 +324,7 @@ impl Registry {
 
     /// Where the volume `name` was copied from; None for a volume created empty.
     pub fn origin(&self, name: &str) -> Result<Option<VolumeOrigin>, MgmtError> {
-        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(ORIGINS).map_err(|e| internal("origins table", e))?;
-        let origin = table.get(name).map_err(|e| internal("reading an origin", e))?;
-        origin.map(|v| decode("origin", name, v.value())).transpose()
+        self.row(ORIGINS, "origin", name)
     }
 
     /// Starts the rollback of volume `name` to `snapshot`, one of its snapshots: the volume goes
@@ -368,10 +392,7 @@ impl Registry {
 
     /// The rollback of volume `name` under way, if any.
     pub fn rollback(&self, name: &str) -> Result<Option<Rollback>, MgmtError> {
-        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
-        let value = table.get(name).map_err(|e| internal("reading a rollback", e))?;
-        value.map(|v| decode("rollback", name, v.value())).transpose()
+        self.row(ROLLBACKS, "rollback", name)
     }
 
     /// Points volume `name` at its rollback's copy, with size `size_bytes` (the snapshot's),
@@ -412,10 +433,7 @@ impl Registry {
                     "it switched already and cannot be abandoned",
                 ));
             }
-            let mut rollbacks =
-                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
-            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
-            drop(rollbacks);
+            delete(tx, ROLLBACKS, name)?;
             let mut volume: VolumeRecord =
                 get(tx, VOLUMES, "volume", name)?.ok_or_else(|| not_found("volume", name))?;
             volume.state = VolumeState::Online;
@@ -426,24 +444,12 @@ impl Registry {
 
     /// Drops the record of a finished rollback of volume `name` (its replaced data is gone).
     pub fn forget_rollback(&self, name: &str) -> Result<(), MgmtError> {
-        self.write(|tx| {
-            let mut rollbacks =
-                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
-            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
-            Ok(())
-        })
+        self.write(|tx| delete(tx, ROLLBACKS, name))
     }
 
     /// Every rollback record: those under way and those whose replaced data is still to go.
     pub fn rollbacks(&self) -> Result<Vec<(String, Rollback)>, MgmtError> {
-        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| internal("listing rollbacks", e))? {
-            let (k, v) = entry.map_err(|e| internal("listing rollbacks", e))?;
-            out.push((k.value().to_string(), decode("rollback", k.value(), v.value())?));
-        }
-        Ok(out)
+        self.rows(ROLLBACKS, "rollback")
     }
 
     /// Everything that owns volume data on the targets: every volume, and the objects of
@@ -511,10 +517,7 @@ impl Registry {
                     .map_err(|e| internal("update", e))?;
             }
             drop(origins);
-            let mut rollbacks =
-                tx.open_table(ROLLBACKS).map_err(|e| internal("rollbacks table", e))?;
-            rollbacks.remove(name).map_err(|e| internal("remove", e))?;
-            drop(rollbacks);
+            delete(tx, ROLLBACKS, name)?;
             let mut volumes = tx.open_table(VOLUMES).map_err(|e| internal("volumes table", e))?;
             let removed = volumes.remove(name).map_err(|e| internal("remove", e))?.is_some();
             if removed { Ok(()) } else { Err(not_found("volume", name)) }
@@ -522,14 +525,7 @@ impl Registry {
     }
 
     pub fn exports(&self) -> Result<Vec<ExportRecord>, MgmtError> {
-        let tx = self.db.begin_read().map_err(|e| internal("begin", e))?;
-        let table = tx.open_table(EXPORTS).map_err(|e| internal("exports table", e))?;
-        let mut out = Vec::new();
-        for entry in table.iter().map_err(|e| internal("listing exports", e))? {
-            let (k, v) = entry.map_err(|e| internal("listing exports", e))?;
-            out.push(decode("export", k.value(), v.value())?);
-        }
-        Ok(out)
+        Ok(self.rows(EXPORTS, "export")?.into_iter().map(|(_, e)| e).collect())
     }
 
     /// Adds an export of an existing, online volume.

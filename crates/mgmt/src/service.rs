@@ -520,14 +520,14 @@ impl Mgmt {
         let started = std::time::Instant::now();
         let copied = self.copy_for_rollback(&volume, &from, &rollback);
         if let Err(e) = copied {
-            self.abandon_rollback(&volume, &rollback);
+            self.abandon_rollback(&volume);
             return Err(e);
         }
         crash_point("rollback-copied");
         let (record, rollback) = match self.registry.switch_rollback(name, from.size_bytes) {
             Ok(switched) => switched,
             Err(e) => {
-                self.abandon_rollback(&volume, &rollback);
+                self.abandon_rollback(&volume);
                 return Err(e);
             }
         };
@@ -615,32 +615,37 @@ impl Mgmt {
     /// nothing takes it for a stray meanwhile).
     fn remove_replaced(&self, volume: &VolumeRecord, rollback: &Rollback) {
         let Some(replaced) = rollback.replaced.filter(|&o| o != volume.object) else { return };
-        let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
-        let removed = old
-            .remove_all()
-            .and_then(|()| old.flush())
-            .map_err(|e| fs_error("removing the data a rollback replaced", e))
+        let removed = self
+            .remove_data(replaced, volume, "removing the data a rollback replaced")
             .and_then(|()| self.registry.forget_rollback(&volume.name));
         if let Err(e) = removed {
             tracing::warn!(volume = %volume.name, "{e}; the next start tries again");
         }
     }
 
+    /// Removes every chunk of `object`, laid out as `volume`, durably; `what` names it in an
+    /// error.
+    fn remove_data(
+        &self,
+        object: ObjectId,
+        volume: &VolumeRecord,
+        what: &str,
+    ) -> Result<(), MgmtError> {
+        let io = self.client.volume(object, volume.layout.clone(), volume.size_bytes);
+        io.remove_all().and_then(|()| io.flush()).map_err(|e| fs_error(what, e))
+    }
+
     /// Before the switch: drops the partial copy and leaves the volume as it was, served
     /// again. Never touches the volume's own object.
-    fn abandon_rollback(&self, volume: &VolumeRecord, rollback: &Rollback) {
+    fn abandon_rollback(&self, volume: &VolumeRecord) {
         let ended = match self.registry.rollback(&volume.name) {
-            Ok(Some(now)) if now.replaced.is_none() && now.object != volume.object => {
-                let copy = self.client.volume(now.object, volume.layout.clone(), volume.size_bytes);
-                copy.remove_all()
-                    .and_then(|()| copy.flush())
-                    .map_err(|e| fs_error("removing a rollback's partial copy", e))
-                    .and_then(|()| self.registry.abandon_rollback(&volume.name))
-                    .and_then(|_| self.publish())
-            }
+            Ok(Some(now)) if now.replaced.is_none() && now.object != volume.object => self
+                .remove_data(now.object, volume, "removing a rollback's partial copy")
+                .and_then(|()| self.registry.abandon_rollback(&volume.name))
+                .and_then(|_| self.publish()),
             Ok(now) => Err(MgmtError::new(
                 MgmtStatus::Internal,
-                format!("rollback of '{}' is not abandonable: {now:?} ({rollback:?})", volume.name),
+                format!("rollback of '{}' is not abandonable: {now:?}", volume.name),
             )),
             Err(e) => Err(e),
         };
@@ -662,15 +667,7 @@ impl Mgmt {
                 tracing::warn!(volume = %name, snapshot = %rollback.snapshot,
                     "a stop interrupted the rollback before it took effect: the volume keeps \
                      its data; roll it back again");
-                self.abandon_rollback(&volume, &rollback);
-            }
-        }
-        for volume in self.registry.volumes()? {
-            if volume.state == VolumeState::RollingBack
-                && self.registry.rollback(&volume.name)?.is_none()
-            {
-                tracing::warn!(volume = %volume.name, "a volume rolling back with no rollback record");
-                self.registry.abandon_rollback(&volume.name)?;
+                self.abandon_rollback(&volume);
             }
         }
         Ok(())
@@ -750,8 +747,7 @@ impl Mgmt {
     fn finish_delete(&self, volume: &VolumeRecord) -> Result<(), MgmtError> {
         // The data a finished rollback replaced and that could not be removed then.
         if let Some(replaced) = self.registry.rollback(&volume.name)?.and_then(|r| r.replaced) {
-            let old = self.client.volume(replaced, volume.layout.clone(), volume.size_bytes);
-            old.remove_all().map_err(|e| fs_error("removing a rollback's replaced data", e))?;
+            self.remove_data(replaced, volume, "removing the data a rollback replaced")?;
         }
         let io = self.client.volume(volume.object, volume.layout.clone(), volume.size_bytes);
         io.remove_all().map_err(|e| fs_error("removing the volume's data", e))?;

@@ -242,6 +242,19 @@ fn read_volume(dir: &Path, uri: &str, name: &str) -> Vec<u8> {
     std::fs::read(&out).expect("read copy")
 }
 
+/// An exported volume `name` of `len` bytes filled from a raw image ([`make_image`]) with
+/// qemu-img; returns the image's bytes and the volume's NBD URI.
+fn exported_with_image(node: &Node, dir: &Path, name: &str, len: u64) -> (Vec<u8>, String) {
+    create_exported(node, name, &format!("{}M", len / MIB));
+    let image = dir.join(format!("{name}.img"));
+    let original = make_image(&image, len);
+    let volume = uri(node, name);
+    let image = image.display().to_string();
+    let args = ["convert", "-n", "-f", "raw", "-O", "raw", &image, &volume];
+    ok("qemu-img convert in", tool("qemu-img", &args));
+    (original, volume)
+}
+
 fn same_bytes(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: size");
     if let Some(at) = got.iter().zip(want).position(|(p, q)| p != q) {
@@ -263,17 +276,7 @@ fn snapshots_and_clones_keep_their_instant() {
     require_fuse();
     let dir = scratch("volume-snapshots");
     let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
-    create_exported(&node, "base", "32M");
-    let image = dir.join("base.img");
-    let original = make_image(&image, 32 * MIB);
-    let base = uri(&node, "base");
-    ok(
-        "qemu-img convert in",
-        tool(
-            "qemu-img",
-            &["convert", "-n", "-f", "raw", "-O", "raw", &image.display().to_string(), &base],
-        ),
-    );
+    let (original, base) = exported_with_image(&node, &dir, "base", 32 * MIB);
 
     // A snapshot: read-only, same size, no data copied.
     let snap = json(&ok("snapshot", node.cli(&["volume", "snapshot", "base", "snap", "--json"])));
@@ -350,15 +353,7 @@ fn a_rollback_gives_the_snapshot_back_even_across_a_crash() {
     require_fuse();
     let dir = scratch("volume-rollback");
     let mut node = Node::start(&dir, &["--drives", "4", "--raid", "5", "--drive-size", "256M"]);
-    create_exported(&node, "vm", "16M");
-    let image = dir.join("vm.img");
-    let original = make_image(&image, 16 * MIB);
-    let vm = uri(&node, "vm");
-    let image_arg = image.display().to_string();
-    ok(
-        "convert in",
-        tool("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", &image_arg, &vm]),
-    );
+    let (original, vm) = exported_with_image(&node, &dir, "vm", 16 * MIB);
     ok("snapshot", node.cli(&["volume", "snapshot", "vm", "good"]));
     ok("clone", node.cli(&["volume", "clone", "vm", "other"]));
 
