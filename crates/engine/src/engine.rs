@@ -3,7 +3,7 @@
 use std::hash::{Hash, Hasher};
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bytes::Bytes;
@@ -80,7 +80,18 @@ pub struct Engine {
     chunks: AtomicU64,
     /// Copies begun and not finished (`clones`).
     clones: clones::Clones,
+    /// Large reads still to pass over before one is tried from memory again (see
+    /// [`Engine::read_if_in_memory`]).
+    large_probe_skips: AtomicU32,
 }
+
+/// After a large read missed memory, this many more go straight to the blocking path before
+/// one tries memory again.
+const LARGE_PROBE_BACKOFF: u32 = 16;
+
+/// The largest read answered from memory on an async worker (1 MiB): checking its CRCs takes
+/// some 100 µs there.
+const MEMORY_READ_BLOCKS_MAX: u64 = 256;
 
 // The storage service shares one engine between all its request threads.
 const _: fn() = || {
@@ -281,6 +292,7 @@ impl Engine {
             committer: Committer::default(),
             chunks: AtomicU64::new(chunks),
             clones: clones::Clones::default(),
+            large_probe_skips: AtomicU32::new(0),
         })
     }
 
@@ -528,14 +540,39 @@ impl Engine {
 
     /// As [`Engine::read_parts`], but only from memory (the read cache and the open stripes):
     /// None when some block would have to come from the array. The storage service answers
-    /// such reads on its async worker.
+    /// such reads on its async worker, with no hand-off to a blocking thread.
+    ///
+    /// A large read that misses costs the map lookup and the cache probes for nothing, and
+    /// streaming reads of data that is not cached miss every time. So after a large read
+    /// misses, the next [`LARGE_PROBE_BACKOFF`] large reads are not tried: a stream of cached
+    /// large reads (a volume read back through NBD) is answered here, a stream of uncached
+    /// ones pays for one try in seventeen.
     pub fn read_if_in_memory(
         &self,
         chunk: ChunkId,
         offset: u32,
         len: u32,
     ) -> Result<Option<Vec<Bytes>>, EngineError> {
-        self.read_with(chunk, offset, len, true)
+        let span =
+            (offset as u64 + len as u64).div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
+        let large = span > SMALL_IO_BLOCKS;
+        if large {
+            if span > MEMORY_READ_BLOCKS_MAX || (!self.cache.enabled() && self.packer.is_none()) {
+                return Ok(None);
+            }
+            let skipping = self
+                .large_probe_skips
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
+            if skipping {
+                return Ok(None);
+            }
+        }
+        let read = self.read_with(chunk, offset, len, true)?;
+        if large && read.is_none() {
+            self.large_probe_skips.store(LARGE_PROBE_BACKOFF, Ordering::Relaxed);
+        }
+        Ok(read)
     }
 
     fn read_with(
@@ -545,14 +582,6 @@ impl Engine {
         len: u32,
         memory_only: bool,
     ) -> Result<Option<Vec<Bytes>>, EngineError> {
-        let span = |end: u64| end.div_ceil(BLOCK as u64) - offset as u64 / BLOCK as u64;
-        if memory_only && span(offset as u64 + len as u64) > SMALL_IO_BLOCKS {
-            // Large reads are not answered on the async worker (checking their CRCs takes
-            // long), so not worth reading the map for here; the blocking path still finds them
-            // cached. (Answering up to 1 MiB here cut the CPU of cached 1 MiB NBD reads by a
-            // quarter, but cost the mount's uncached 1 MiB reads 8-10% for the attempt.)
-            return Ok(None);
-        }
         let _shared = self.lock_of(chunk).read().unwrap_or_else(|e| e.into_inner());
         let Some(rec) = self.load_record(chunk)? else { return Ok(Some(Vec::new())) };
         let end = (offset as u64 + len as u64).min(rec.len_bytes as u64);

@@ -101,8 +101,7 @@ fn a_read_tried_from_memory_then_the_array_counts_its_lookups_once() {
     engine.sync().expect("sync");
     assert_eq!(engine.read(chunk(1, 0), 0, 4 * 4096).expect("read"), data[..4 * 4096]);
     let before = engine.read_cache_stats();
-    // A read from memory only (16 blocks, the most it answers) finds the first 4 and gives
-    // up: nothing counts yet.
+    // A read from memory only (16 blocks) finds the first 4 and gives up: nothing counts yet.
     assert_eq!(engine.read_if_in_memory(chunk(1, 0), 0, 16 * 4096).expect("read"), None);
     let tried = engine.read_cache_stats();
     assert_eq!((tried.hits, tried.misses), (before.hits, before.misses), "counted a retried read");
@@ -114,4 +113,41 @@ fn a_read_tried_from_memory_then_the_array_counts_its_lookups_once() {
     assert!(engine.read_if_in_memory(chunk(1, 0), 0, 4 * 4096).expect("read").is_some());
     let from_memory = engine.read_cache_stats();
     assert_eq!((from_memory.hits - served.hits, from_memory.misses - served.misses), (4, 0));
+}
+
+/// A large read is answered from memory when all of it is cached; after one misses, the next
+/// 16 large reads are not tried (streams of uncached reads pay for few tries), small reads
+/// still are, and a read over 1 MiB never is.
+#[test]
+fn large_reads_from_memory_back_off_after_a_miss() {
+    let (_drives, array) = raid5(16);
+    let dir = temp_dir("read-cache-large");
+    let engine = Engine::create(array.clone(), &dir, TargetId(1)).expect("create");
+    engine.set_read_cache_bytes(16 << 20);
+    let cached = Rng::new(7).bytes(64 * 4096);
+    let uncached = Rng::new(8).bytes(64 * 4096);
+    let huge = Rng::new(9).bytes(300 * 4096);
+    engine.write(chunk(1, 0), 0, &cached, None).expect("write");
+    engine.write(chunk(2, 0), 0, &uncached, None).expect("write");
+    engine.write(chunk(3, 0), 0, &huge, None).expect("write");
+    engine.sync().expect("sync");
+    // Large reads fill the cache from their second read on.
+    for _ in 0..2 {
+        assert_eq!(engine.read(chunk(1, 0), 0, cached.len() as u32).expect("read"), cached);
+        assert_eq!(engine.read(chunk(3, 0), 0, huge.len() as u32).expect("read"), huge);
+    }
+    let large = |c| engine.read_if_in_memory(c, 0, 64 * 4096).expect("read").map(|p| p.concat());
+    assert_eq!(large(chunk(1, 0)), Some(cached.clone()), "a cached large read");
+    let reads = array.status().members.iter().map(|m| m.read_ops).sum::<u64>();
+    assert_eq!(large(chunk(2, 0)), None, "an uncached one");
+    for i in 0..16 {
+        assert_eq!(large(chunk(1, 0)), None, "large read {i} after the miss is not tried");
+        let small = engine.read_if_in_memory(chunk(1, 0), 0, 4 * 4096).expect("read");
+        assert_eq!(small.map(|p| p.concat()), Some(cached[..4 * 4096].to_vec()), "small {i}");
+    }
+    assert_eq!(large(chunk(1, 0)), Some(cached.clone()), "tried again after 16");
+    assert_eq!(array.status().members.iter().map(|m| m.read_ops).sum::<u64>(), reads);
+    let over = engine.read_if_in_memory(chunk(3, 0), 0, huge.len() as u32).expect("read");
+    assert_eq!(over, None, "a read over 1 MiB is left to the blocking path");
+    assert_eq!(engine.read_parts(chunk(3, 0), 0, huge.len() as u32).expect("read").concat(), huge);
 }

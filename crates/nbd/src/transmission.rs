@@ -519,8 +519,15 @@ pub(crate) async fn run(
                 Message::from(ctx.error_message(h.handle, NbdErrno::Io, "the backend failed"))
             }
         };
-        // One poll here: a request served from memory completes in it and joins the batch.
-        let polled = std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await;
+        // One poll here: a request served from memory completes in it and joins the batch. A
+        // large read goes to a task at once, so another worker can copy and check it while this
+        // one reads the next request.
+        let polled = if matches!(command, Command::Read { length, .. } if length as usize > REPLY_BATCH_BYTES)
+        {
+            Poll::Pending
+        } else {
+            std::future::poll_fn(|cx| Poll::Ready(poll_caught(work.as_mut(), cx))).await
+        };
         match polled {
             Poll::Ready(done) => {
                 let message = done.unwrap_or_else(|()| panicked());

@@ -201,8 +201,8 @@ impl StorageService {
         })
     }
 
-    /// Answers a small chunk read whose blocks are all in memory (read cache, open stripes);
-    /// None when it needs the array (or is not a valid read: the blocking path reports that).
+    /// Answers a chunk read (up to 1 MiB) whose blocks are all in memory (read cache, open
+    /// stripes); None when it needs the array (or is not a valid read: the blocking path reports that).
     fn read_from_memory(&self, message: &[u8]) -> Option<Handled> {
         let r: ChunkRead = decode(message).ok()?;
         let target = self.targets.get(&r.target)?;
