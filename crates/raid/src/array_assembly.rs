@@ -10,7 +10,7 @@ use crate::RaidError;
 use crate::array::{Array, BLOCK, Member, Spare};
 use crate::checksum::CrcTable;
 use crate::geometry::Geometry;
-use crate::superblock::{SUPERBLOCK_BYTES, SlotState, Superblock};
+use crate::superblock::{LEFT_OUT_OF_SYNC, SUPERBLOCK_BYTES, SlotState, Superblock};
 
 impl Array {
     /// Reassembles an array from its drives' superblocks: refuses foreign and duplicated drives,
@@ -97,12 +97,18 @@ impl Array {
                     _ => SlotState::Missing,
                 });
                 m.drive_uuid = entry.drive_uuid;
-                m.events_left = if matches!(entry.state, SlotState::Active | SlotState::Rebuilding)
-                {
-                    newly_missing = true;
-                    auth.events
-                } else {
-                    entry.events_left
+                m.events_left = match entry.state {
+                    SlotState::Active => {
+                        newly_missing = true;
+                        auth.events
+                    }
+                    // Valid only below its rebuild cursor: it comes back only through a full
+                    // rebuild.
+                    SlotState::Rebuilding => {
+                        newly_missing = true;
+                        LEFT_OUT_OF_SYNC
+                    }
+                    _ => entry.events_left,
                 };
                 if entry.state != SlotState::Failed {
                     warnings.push(format!("slot {slot}: drive {} is missing", entry.drive_uuid));

@@ -10,7 +10,7 @@ use crate::RaidError;
 use crate::array::{Array, BLOCK, Member, Spare, random_u64, wait_all};
 use crate::checksum::CrcTable;
 use crate::geometry::Level;
-use crate::superblock::{SUPERBLOCK_BYTES, SlotEntry, SlotState, Superblock};
+use crate::superblock::{LEFT_OUT_OF_SYNC, SUPERBLOCK_BYTES, SlotEntry, SlotState, Superblock};
 
 /// Which write-intent bits a flush of the optimal array clears.
 #[derive(Clone, Copy)]
@@ -221,16 +221,30 @@ impl Array {
         if !self.members()[slot].writable() {
             return Err(RaidError::Refused(format!("slot {slot} is already out of service")));
         }
-        self.take_out(slot, "failed by the operator", true)?;
+        self.take_out(slot, None, "failed by the operator", true)?;
         self.check_alive()
     }
 
-    /// Takes a member out after an I/O failure (logged as an error).
-    pub(crate) fn fail_member(&self, slot: usize, reason: &str) -> Result<(), RaidError> {
-        self.take_out(slot, reason, false)
+    /// Takes `dev`, the member in `slot`, out after an I/O failure (logged as an error); nothing
+    /// happens if `dev` already left the slot. A failure is charged to the drive that failed,
+    /// not to its slot: a late report must not fail the spare that took its place.
+    pub(crate) fn fail_member(
+        &self,
+        slot: usize,
+        dev: &Arc<dyn BlockDevice>,
+        reason: &str,
+    ) -> Result<(), RaidError> {
+        self.take_out(slot, Some(dev), reason, false)
     }
 
-    fn take_out(&self, slot: usize, reason: &str, by_operator: bool) -> Result<(), RaidError> {
+    /// Takes `slot`'s drive out of service; with `only`, only if that device is still there.
+    fn take_out(
+        &self,
+        slot: usize,
+        only: Option<&Arc<dyn BlockDevice>>,
+        reason: &str,
+        by_operator: bool,
+    ) -> Result<(), RaidError> {
         {
             let mut members = self.members_mut();
             if by_operator {
@@ -252,7 +266,9 @@ impl Array {
                 }
             }
             let m = &mut members[slot];
-            if !m.writable() {
+            let elsewhere =
+                only.is_some_and(|dev| !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev)));
+            if !m.writable() || elsewhere {
                 return Ok(());
             }
             let drive = m.dev.as_ref().map(|d| d.name()).unwrap_or("?");
@@ -261,7 +277,10 @@ impl Array {
             } else {
                 tracing::error!(slot, drive, "drive failed: {reason}");
             }
-            m.events_left = self.inner.events.load(Relaxed);
+            m.events_left = match m.state {
+                SlotState::Active => self.inner.events.load(Relaxed),
+                _ => LEFT_OUT_OF_SYNC,
+            };
             m.state = SlotState::Failed;
             self.inner.events.fetch_add(1, Relaxed);
         }
@@ -275,7 +294,7 @@ impl Array {
                     spare = spare.dev.name(),
                     "hot spare takes the failed drive's place"
                 );
-                self.install(slot, spare.dev, spare.drive_uuid, None)?;
+                self.install(slot, spare.dev, spare.drive_uuid, false)?;
             }
         }
         Ok(())
@@ -328,26 +347,25 @@ impl Array {
             && sb.drive_uuid == members[slot].drive_uuid
             && sb.events == members[slot].events_left
         {
-            let regions = self.inner.bitmap.dirty_regions();
-            tracing::info!(
-                slot,
-                regions = regions.len(),
-                "drive returned: resyncing only regions written meanwhile"
-            );
-            return self.install(slot, dev, sb.drive_uuid, Some(regions));
+            return self.install(slot, dev, sb.drive_uuid, true);
         }
-        self.install(slot, dev, Uuid::random(), None)
+        self.install(slot, dev, Uuid::random(), false)
     }
 
+    /// Puts `dev` into `slot` as a rebuilding member and starts its rebuild: of the bitmap's
+    /// regions only for the slot's own drive `returning`, else of everything.
+    ///
+    /// May run inside a write that holds the bitmap's `persist_lock` (a failed bitmap write
+    /// that brings in a hot spare), so it does not take that lock.
     pub(crate) fn install(
         &self,
         slot: usize,
         dev: Arc<dyn BlockDevice>,
         drive_uuid: Uuid,
-        regions: Option<Vec<u64>>,
+        returning: bool,
     ) -> Result<(), RaidError> {
         let layout = self.inner.layout;
-        let crc = if regions.is_some() {
+        let crc = if returning {
             CrcTable::load(dev.as_ref(), &layout)?
         } else {
             CrcTable::zeroed(layout.data_bytes / BLOCK)
@@ -365,12 +383,22 @@ impl Array {
             m.lifetime_written_base = 0;
             self.inner.events.fetch_add(1, Relaxed);
         }
-        self.write_superblocks(false)?;
-        // The newcomer carries the current write-intent bits from the start.
-        {
-            let _guard = self.inner.bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.persist_bitmap()?;
+        // Read only now that writes see the newcomer: a write that left it out marked its
+        // regions before it looked at the members, so those bits are set by now. (No bit is
+        // cleared while a member is out of sync.)
+        let regions = returning.then(|| self.inner.bitmap.dirty_regions());
+        if let Some(regions) = &regions {
+            tracing::info!(
+                slot,
+                regions = regions.len(),
+                "drive returned: resyncing only regions written meanwhile"
+            );
         }
+        self.write_superblocks(false)?;
+        // The newcomer carries the current write-intent bits from the start. Only it is
+        // written: any bit set after this image was taken is persisted by the write that set
+        // it, to every member including the newcomer.
+        self.persist_bitmap_to(slot)?;
         crate::rebuild::start(self, slot, regions);
         Ok(())
     }
@@ -415,7 +443,7 @@ impl Array {
         {
             let spare = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
             if let Some(spare) = spare {
-                self.install(slot, spare.dev, spare.drive_uuid, None)?;
+                self.install(slot, spare.dev, spare.drive_uuid, false)?;
             }
         }
         Ok(())

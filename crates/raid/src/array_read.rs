@@ -135,7 +135,7 @@ impl Array {
                     ok
                 }
                 Some((d, Err(e))) => {
-                    self.read_failed(d, &e);
+                    self.read_failed(&members[d], d, &e);
                     false
                 }
                 _ => false,
@@ -287,7 +287,7 @@ impl Array {
                 Some(Err(e)) => {
                     // A drive that cannot read is taken out of service rather than retried on
                     // every request; the data comes from redundancy.
-                    self.read_failed(d, &e);
+                    self.read_failed(&members[d], d, &e);
                     unavailable[i] = true;
                     None
                 }
@@ -501,18 +501,20 @@ impl Array {
             Err(e) => {
                 // A drive that cannot read is taken out of service (the array goes degraded)
                 // rather than retried on every request; the data comes from redundancy.
-                self.read_failed(slot, &e);
+                self.read_failed(m, slot, &e);
                 Some((vec![true; rows as usize], AlignedBuf::zeroed((rows * BLOCK) as usize)))
             }
         }
     }
 
-    pub(crate) fn read_failed(&self, slot: usize, e: &IoError) {
+    /// A read of member `m` (in `slot`) failed: the drive is taken out, unless it already was.
+    pub(crate) fn read_failed(&self, m: &Member, slot: usize, e: &IoError) {
         if self.inner.geometry.level == Level::Raid0 {
             tracing::error!("{e}");
             return;
         }
-        if let Err(fail) = self.fail_member(slot, &format!("read failed: {e}")) {
+        let Some(dev) = m.dev.as_ref() else { return };
+        if let Err(fail) = self.fail_member(slot, dev, &format!("read failed: {e}")) {
             tracing::error!("{fail}");
         }
     }

@@ -57,7 +57,17 @@ impl Array {
                         offset,
                         &mut tickets,
                         &mut crc_updates,
-                    )?;
+                    );
+                    let planned = match planned {
+                        Ok(planned) => planned,
+                        Err(e) => {
+                            // The stripes before this one are on their way to the drives: their
+                            // checksums must follow them, or blocks nobody wrote would fail
+                            // their checks. The write still fails.
+                            let _ = self.finish_writes(&members, tickets, crc_updates);
+                            return Err(e);
+                        }
+                    };
                     if !planned {
                         journal_full = true;
                         break;
@@ -454,13 +464,22 @@ impl Array {
     }
 
     pub(crate) fn persist_bitmap(&self) -> Result<(), RaidError> {
+        self.write_bitmap(None)
+    }
+
+    /// Writes the bitmap to `slot`'s drive only (a newcomer).
+    pub(crate) fn persist_bitmap_to(&self, slot: usize) -> Result<(), RaidError> {
+        self.write_bitmap(Some(slot))
+    }
+
+    fn write_bitmap(&self, only: Option<usize>) -> Result<(), RaidError> {
         let layout = &self.inner.layout;
         let image = self.inner.bitmap.encode(layout.bitmap_bytes as usize);
         let members = self.members();
         let tickets = members
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.writable())
+            .filter(|(d, m)| m.writable() && only.is_none_or(|slot| slot == *d))
             .filter_map(|(d, m)| {
                 Some((
                     d,
@@ -487,8 +506,8 @@ impl Array {
             return Ok(());
         }
         for (d, e) in failures {
-            if members[d].writable() {
-                self.fail_member(d, &format!("write failed: {e}"))?;
+            if let Some(dev) = members[d].dev.as_ref().filter(|_| members[d].writable()) {
+                self.fail_member(d, dev, &format!("write failed: {e}"))?;
             }
         }
         self.check_alive()

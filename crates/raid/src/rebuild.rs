@@ -276,7 +276,7 @@ fn run(
             if let Some((_, e)) = crate::array::wait_all(tickets).into_iter().next() {
                 drop(_locks);
                 drop(_barrier);
-                array.fail_member(slot, &format!("write failed during rebuild: {e}"))?;
+                array.fail_member(slot, &dev, &format!("write failed during rebuild: {e}"))?;
                 return Err(e.into());
             }
             stripe = end;
@@ -299,11 +299,18 @@ fn run(
     // Everything below the cursor is durable before the member is declared in sync.
     array.flush()?;
     {
+        // The flush may have failed this drive and put a spare in its place: only the drive
+        // rebuilt here is declared in sync.
         let mut members = array.members_mut();
-        if members[slot].state == SlotState::Rebuilding {
-            members[slot].state = SlotState::Active;
-            array.inner.events.fetch_add(1, Relaxed);
+        let m = &mut members[slot];
+        if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, &dev))
+        {
+            return Err(RaidError::Refused(format!(
+                "slot {slot} left the rebuild as it finished (it failed or was replaced)"
+            )));
         }
+        m.state = SlotState::Active;
+        array.inner.events.fetch_add(1, Relaxed);
     }
     array.write_superblocks(false)?;
     array.flush()?;
@@ -335,7 +342,7 @@ fn persist_cursor(
             .and_then(|()| dev.flush());
         if let Err(e) = durable {
             drop(_barrier);
-            array.fail_member(slot, &format!("flush failed during rebuild: {e}"))?;
+            array.fail_member(slot, dev, &format!("flush failed during rebuild: {e}"))?;
             return Err(e.into());
         }
     }
@@ -405,7 +412,7 @@ fn rebuilt_chunks(
                         .then_some(data)
                     }
                     Some((d, Err(e))) => {
-                        array.read_failed(d, &e);
+                        array.read_failed(&members[d], d, &e);
                         None
                     }
                     _ => None,

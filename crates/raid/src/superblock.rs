@@ -25,7 +25,9 @@ pub enum SlotState {
     Empty,
     Active,
     /// Failed by an I/O error or by the operator. `events_left` is the drive's own event count
-    /// when it left, so a returning drive can be recognised and resynced from the bitmap.
+    /// when it left, so a returning drive can be recognised and resynced from the bitmap; a
+    /// drive that left before it was in sync (while rebuilding) gets [`LEFT_OUT_OF_SYNC`]
+    /// instead, so it only ever comes back through a full rebuild.
     Failed,
     /// Not found at the last assembly.
     Missing,
@@ -33,6 +35,11 @@ pub enum SlotState {
     Rebuilding,
     Spare,
 }
+
+/// The `events_left` of a slot whose drive left while it was being rebuilt: its data is
+/// complete only below its rebuild cursor, so the bitmap's regions are not all it lacks. No
+/// label's event count reaches it, so such a drive is never taken back as returning.
+pub(crate) const LEFT_OUT_OF_SYNC: u64 = u64::MAX;
 
 impl SlotState {
     fn code(self) -> u8 {
