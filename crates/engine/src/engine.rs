@@ -848,6 +848,11 @@ impl Engine {
     /// chunks there were. Many small files' chunks go for the price of one commit.
     pub fn remove_objects(&self, objects: &[ObjectId]) -> Result<u64, EngineError> {
         self.committer.check()?;
+        // An object named twice would have its chunks, and so its blocks, released twice.
+        let mut objects = objects.to_vec();
+        objects.sort_unstable();
+        objects.dedup();
+        let objects = &objects[..];
         // A copy into a removed object is of no use any more; one out of it must have every
         // chunk before the chunks go.
         self.cancel_clones_into(objects);

@@ -123,12 +123,14 @@ impl Engine {
                 "cannot clone into object {dest}: it has chunks already"
             )));
         }
+        // The list's lock, then the removed list's, as a removal takes them: a removal either
+        // came first (and is seen here) or finds this copy listed (and cancels it).
+        let mut list = lock(&self.clones.list);
         if lock(&self.clones.removed).contains(&dest) {
             return Err(EngineError::Invalid(format!(
                 "cannot clone into object {dest}: it was removed (a copy given up on)"
             )));
         }
-        let mut list = lock(&self.clones.list);
         let busy = [source, dest];
         if let Some(p) = list.iter().find(|p| busy.contains(&p.source) || busy.contains(&p.dest)) {
             return Err(EngineError::Invalid(format!(
@@ -188,6 +190,8 @@ impl Engine {
     /// Cancels the copies into any of `objects` (they are being removed), and keeps the
     /// volumes among them from being copied into later.
     pub(super) fn cancel_clones_into(&self, objects: &[ObjectId]) {
+        // Both under the list's lock, so no copy into these begins between the two steps.
+        let list = lock(&self.clones.list);
         let mut removed = lock(&self.clones.removed);
         for &object in objects.iter().filter(|o| o.0 & ObjectId::VOLUME_BIT != 0) {
             if removed.len() == REMOVED_VOLUMES_KEPT {
@@ -197,7 +201,8 @@ impl Engine {
         }
         drop(removed);
         let into: Vec<Arc<Pending>> =
-            lock(&self.clones.list).iter().filter(|p| objects.contains(&p.dest)).cloned().collect();
+            list.iter().filter(|p| objects.contains(&p.dest)).cloned().collect();
+        drop(list);
         for pending in into {
             tracing::info!(source = %pending.source, dest = %pending.dest, "copy cancelled");
             self.clones.end(&pending);
