@@ -457,9 +457,12 @@ impl Array {
             return Ok(());
         }
         let _guard = bitmap.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if bitmap.set(regions) {
+        // Bits another write set are on the drives by now: it persisted them before it let
+        // go of the lock.
+        if bitmap.set(regions.iter().copied()) {
             self.persist_bitmap()?;
         }
+        bitmap.mark_persisted(&regions);
         Ok(())
     }
 

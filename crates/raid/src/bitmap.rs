@@ -15,6 +15,9 @@ use stria_io::AlignedBuf;
 #[derive(Debug)]
 pub struct WriteIntent {
     words: Vec<AtomicU64>,
+    /// The bits of `words` known to be on the drives: a write may skip the bitmap only for
+    /// these, not for a bit another write set and is still persisting.
+    persisted: Vec<AtomicU64>,
     /// Regions marked since the last [`WriteIntent::clear_idle`]: their bits survive it.
     recent: Vec<AtomicU64>,
     region_bytes: u64,
@@ -29,6 +32,7 @@ impl WriteIntent {
         assert!(regions <= bytes * 8, "layout guarantees the bitmap covers the data area");
         WriteIntent {
             words: (0..(bytes / 8)).map(|_| AtomicU64::new(0)).collect(),
+            persisted: (0..(bytes / 8)).map(|_| AtomicU64::new(0)).collect(),
             recent: (0..(bytes / 8)).map(|_| AtomicU64::new(0)).collect(),
             region_bytes,
             regions,
@@ -36,11 +40,15 @@ impl WriteIntent {
         }
     }
 
+    /// Takes the bits read from the drives (so already persisted).
     pub fn load(&self, bytes: &[u8]) {
-        for (word, raw) in self.words.iter().zip(bytes.chunks_exact(8)) {
+        for ((word, persisted), raw) in
+            self.words.iter().zip(&self.persisted).zip(bytes.chunks_exact(8))
+        {
             let mut a = [0u8; 8];
             a.copy_from_slice(raw);
             word.store(u64::from_le_bytes(a), Relaxed);
+            persisted.store(u64::from_le_bytes(a), Relaxed);
         }
     }
 
@@ -65,15 +73,24 @@ impl WriteIntent {
     }
 
     /// Notes `regions` as written since the last flush; returns whether all their bits are
-    /// set already (then nothing needs persisting).
+    /// set and on the drives already (then the write need not wait for the bitmap).
     pub fn touch(&self, regions: &[u64]) -> bool {
         let mut all_set = true;
         for &region in regions {
             let (word, bit) = ((region / 64) as usize, 1u64 << (region % 64));
             self.recent[word].fetch_or(bit, Relaxed);
-            all_set &= self.words[word].load(Relaxed) & bit != 0;
+            all_set &= self.persisted[word].load(Relaxed) & bit != 0;
         }
         all_set
+    }
+
+    /// Notes the bits of `regions` as on the drives (after the bitmap holding them was
+    /// written, under `persist_lock`).
+    pub fn mark_persisted(&self, regions: &[u64]) {
+        for &region in regions {
+            let (word, bit) = ((region / 64) as usize, 1u64 << (region % 64));
+            self.persisted[word].fetch_or(bit, Relaxed);
+        }
     }
 
     /// Sets the bits of `regions` and notes them as written; returns true if any bit was newly
@@ -95,8 +112,10 @@ impl WriteIntent {
     /// because every write to its region is durable.
     pub fn clear_idle(&self) -> bool {
         let mut changed = false;
-        for (word, recent) in self.words.iter().zip(&self.recent) {
+        for ((word, recent), persisted) in self.words.iter().zip(&self.recent).zip(&self.persisted)
+        {
             let keep = recent.swap(0, Relaxed);
+            persisted.fetch_and(keep, Relaxed);
             changed |= word.fetch_and(keep, Relaxed) & !keep != 0;
         }
         changed
@@ -106,8 +125,10 @@ impl WriteIntent {
     /// array with no write in flight).
     pub fn clear_all(&self) -> bool {
         let mut changed = false;
-        for (word, recent) in self.words.iter().zip(&self.recent) {
+        for ((word, recent), persisted) in self.words.iter().zip(&self.recent).zip(&self.persisted)
+        {
             recent.store(0, Relaxed);
+            persisted.store(0, Relaxed);
             changed |= word.swap(0, Relaxed) != 0;
         }
         changed
@@ -147,10 +168,28 @@ mod tests {
         assert!(!other.any_set());
     }
 
+    /// A bit set by one write and not yet on the drives does not let another write skip the
+    /// bitmap: it must wait for that bitmap write.
+    #[test]
+    fn only_persisted_bits_let_a_write_skip_the_bitmap() {
+        let bm = WriteIntent::new(1 << 20, 100 << 20, 4096);
+        assert!(bm.set([3]));
+        assert!(!bm.touch(&[3]), "set, but still being written");
+        bm.mark_persisted(&[3]);
+        assert!(bm.touch(&[3]));
+        assert!(bm.clear_all());
+        assert!(!bm.touch(&[3]), "cleared");
+        let loaded = WriteIntent::new(1 << 20, 100 << 20, 4096);
+        assert!(bm.set([8]));
+        loaded.load(&bm.encode(4096));
+        assert!(loaded.touch(&[8]), "read from the drives");
+    }
+
     #[test]
     fn a_flush_clears_only_the_regions_idle_since_the_flush_before() {
         let bm = WriteIntent::new(1 << 20, 100 << 20, 4096);
         assert!(bm.set([1, 2, 70]));
+        bm.mark_persisted(&[1, 2, 70]);
         // Written in this interval: kept.
         assert!(!bm.any_idle());
         assert!(!bm.clear_idle());
