@@ -126,12 +126,32 @@ impl Array {
                     layout.min_capacity()
                 )));
             }
+            // A drive that answers its label but cannot read its checksum table is failing: it
+            // is left out (as a drive failing in service would be) rather than refusing the
+            // whole array; whether the rest can serve is checked below.
+            let unreadable = |e: stria_io::IoError, warnings: &mut Vec<String>| {
+                warnings.push(format!(
+                    "slot {slot}: {} cannot be read ({e}) and was failed; replace it with                      `stria raid replace`",
+                    dev.name()
+                ));
+                let mut m = Member::empty(SlotState::Failed);
+                m.drive_uuid = entry.drive_uuid;
+                m.events_left = LEFT_OUT_OF_SYNC;
+                m
+            };
             match entry.state {
                 SlotState::Active | SlotState::Rebuilding => {
-                    let crc = CrcTable::load(dev.as_ref(), &layout)?;
-                    let m = Member::with_device(dev.clone(), sb, entry.state, crc);
-                    m.cursor.store(entry.rebuild_cursor, Relaxed);
-                    members.push(m);
+                    match CrcTable::load(dev.as_ref(), &layout) {
+                        Ok(crc) => {
+                            let m = Member::with_device(dev.clone(), sb, entry.state, crc);
+                            m.cursor.store(entry.rebuild_cursor, Relaxed);
+                            members.push(m);
+                        }
+                        Err(e) => {
+                            newly_missing = true;
+                            members.push(unreadable(e, &mut warnings));
+                        }
+                    }
                 }
                 SlotState::Failed => {
                     // A failed drive may be sick: only an operator brings it back (`replace`).
@@ -148,7 +168,13 @@ impl Array {
                 SlotState::Missing if sb.events == entry.events_left => {
                     // The drive left at this event and nothing was written to it since: it
                     // only lacks what the bitmap marks. Re-add it with a partial resync.
-                    let crc = CrcTable::load(dev.as_ref(), &layout)?;
+                    let crc = match CrcTable::load(dev.as_ref(), &layout) {
+                        Ok(crc) => crc,
+                        Err(e) => {
+                            members.push(unreadable(e, &mut warnings));
+                            continue;
+                        }
+                    };
                     let m = Member::with_device(dev.clone(), sb, SlotState::Rebuilding, crc);
                     warnings.push(format!(
                         "slot {slot}: {} returned; resyncing the regions written while it was away",

@@ -96,3 +96,36 @@ fn a_failed_drive_does_not_return_at_assembly_but_a_missing_one_does() {
     array.wait_rebuild().unwrap();
     assert_eq!(array.status().state, ArrayState::Optimal);
 }
+
+/// A drive whose label reads but whose checksum table does not (a drive failing as the node
+/// starts) is failed at assembly, not a reason to refuse the array: it assembles degraded, reads
+/// back, and the drive comes back only through a full rebuild.
+#[test]
+fn a_drive_that_cannot_read_its_checksum_table_is_failed_at_assembly() {
+    let drives = fault_drives(3);
+    let array = create(&drives, Level::Raid5, 16 * 1024);
+    let data = pattern(1 << 20, 5);
+    array.write(0, &data).unwrap();
+    let layout = array.layout();
+    array.close().unwrap();
+    drives[1].fail_range(layout.crc_offset, layout.crc_bytes, &[OpKind::Read]);
+    let array = Array::assemble(devs(&drives)).expect("assembles degraded");
+    let status = array.status();
+    assert_eq!(status.state, ArrayState::Degraded);
+    assert_eq!(status.members[1].state, "failed");
+    assert!(
+        status.warnings.iter().any(|w| w.contains("d1") && w.contains("cannot be read")),
+        "{:?}",
+        status.warnings
+    );
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).unwrap();
+    assert!(back == data);
+    drives[1].clear_ranges();
+    array.replace(1, drives[1].clone()).unwrap();
+    array.wait_rebuild().unwrap();
+    assert_eq!(array.status().state, ArrayState::Optimal);
+    array.fail_drive(0).unwrap();
+    array.read(0, &mut back).unwrap();
+    assert!(back == data, "rebuilt whole");
+}
