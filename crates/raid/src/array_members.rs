@@ -221,7 +221,14 @@ impl Array {
         if !self.members()[slot].writable() {
             return Err(RaidError::Refused(format!("slot {slot} is already out of service")));
         }
-        self.take_out(slot, None, "failed by the operator", true)?;
+        {
+            // Exclusive: no write may leave the drive out, and no flush vouch for such a
+            // write, before the labels that record the failure are on the other drives. (A
+            // drive failed by an I/O error is taken out inside the failing request, which
+            // holds the barrier shared, so flushes wait for those labels anyway.)
+            let _barrier = self.inner.barrier.write().unwrap_or_else(|e| e.into_inner());
+            self.take_out(slot, None, "failed by the operator", true)?;
+        }
         self.check_alive()
     }
 
