@@ -301,7 +301,6 @@ impl OpenFiles {
         attr
     }
 
-    /// A truncate is about to set the size: forget what this client believed.
     /// The file was just created by this client: it has no extended attributes.
     pub fn no_xattrs(&self, ino: Ino) {
         if let Some(inode) = self.inode(ino) {
@@ -371,13 +370,50 @@ impl OpenFiles {
         }
     }
 
-    pub fn before_truncate(&self, ino: Ino, size: u64) {
-        if let Some(inode) = self.inode(ino) {
-            let mut state = inode.state();
-            state.size = size;
-            state.size_dirty = false;
-            state.prefetch.clear();
-            state.inline = None;
+    /// A truncate is about to set the size: forget what this client believed. What it
+    /// believed is returned, for [`OpenFiles::truncate_failed`].
+    pub fn before_truncate(&self, ino: Ino, size: u64) -> Option<SizeBefore> {
+        let inode = self.inode(ino)?;
+        let mut state = inode.state();
+        let before = SizeBefore { size: state.size, dirty: state.size_dirty, truncated_to: size };
+        state.size = size;
+        state.size_dirty = false;
+        state.prefetch.clear();
+        state.inline = None;
+        Some(before)
+    }
+
+    /// The truncate after [`OpenFiles::before_truncate`] failed, so the file keeps its size:
+    /// the size this client knew stands again, and so does its mark if the metadata service
+    /// has yet to be told (the close publishes it). A write made meanwhile keeps its own.
+    pub fn truncate_failed(&self, ino: Ino, before: SizeBefore) {
+        let Some(inode) = self.inode(ino) else {
+            return;
+        };
+        let mut state = inode.state();
+        if state.size == before.truncated_to && !state.size_dirty {
+            state.size = before.size;
+            state.size_dirty = before.dirty;
+        } else {
+            state.size = state.size.max(before.size);
+            state.size_dirty |= before.dirty;
         }
     }
+
+    /// A setattr set the file's mtime: the next publish of the size carries it, not the time
+    /// of the writes made before (`cp -p` sets the times of the file it has just written,
+    /// before closing it). A later write moves it on again.
+    pub fn mtime_set(&self, ino: Ino, mtime: Timestamp) {
+        if let Some(inode) = self.inode(ino) {
+            inode.state().mtime = mtime;
+        }
+    }
+}
+
+/// What an open file's state held before a truncate (see [`OpenFiles::before_truncate`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SizeBefore {
+    size: u64,
+    dirty: bool,
+    truncated_to: u64,
 }

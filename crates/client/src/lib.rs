@@ -234,11 +234,13 @@ impl Client {
     }
 
     /// Changes attributes; a size change waits for queued writes and trims or removes the
-    /// chunks past the new end.
+    /// chunks past the new end. `set.writable_handle` is taken as the caller says (see
+    /// [`Client::setattr_handle`]).
     pub fn setattr(&self, caller: &Caller, ino: Ino, set: SetAttr) -> FsResult<Attr> {
         // The size this client's handles know, written but perhaps not yet published: chunks
         // up to it may hold data the metadata service's old size does not cover.
         let mut local_size = 0;
+        let mut size_before = None;
         if let Some(size) = set.size {
             self.block(data::drain(&self.inner, ino))?;
             local_size = self.inner.files.inode(ino).map_or(0, |inode| inode.state().size);
@@ -248,22 +250,35 @@ impl Client {
                     self.block(data::ensure_chunked(&self.inner, ino))?;
                 }
             }
-            self.inner.files.before_truncate(ino, size);
+            size_before = self.inner.files.before_truncate(ino, size);
         }
         let changes_mode = set.mode.is_some() || set.uid.is_some() || set.gid.is_some();
         if changes_mode {
             self.inner.files.may_change_mode(ino);
         }
         let truncating = set.size.is_some();
+        let sets_mtime = set.mtime.is_some();
         let since = self.inner.files.publishes();
-        let (attr, old_size) =
-            match self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set })? {
-                MetaReply::SetAttr { attr, old_size } => (attr, old_size),
-                other => return Err(unexpected(&other)),
-            };
+        let reply = self.meta(MetaRequest::SetAttr { caller: caller.clone(), ino, set });
+        let (attr, old_size) = match reply {
+            Ok(MetaReply::SetAttr { attr, old_size }) => (attr, old_size),
+            failed => {
+                // The file keeps its size: unpublished writes are still the close's to publish.
+                if let Some(before) = size_before {
+                    self.inner.files.truncate_failed(ino, before);
+                }
+                return Err(match failed {
+                    Ok(other) => unexpected(&other),
+                    Err(error) => error,
+                });
+            }
+        };
         if changes_mode {
             // Again once done: a privilege drop answered meanwhile may predate the change.
             self.inner.files.may_change_mode(ino);
+        }
+        if sets_mtime {
+            self.inner.files.mtime_set(ino, attr.mtime);
         }
         if truncating
             && attr.size < old_size.max(local_size)
@@ -274,6 +289,23 @@ impl Client {
         // Which version the change replaced is not known here: the next open checks.
         self.inner.seen.forget(ino);
         Ok(self.inner.files.overlay(attr, since))
+    }
+
+    /// [`Client::setattr`] through the open handle `fh` of `ino` (ftruncate(2)): a handle
+    /// opened for writing had write permission checked at its open, and a size change
+    /// through it is not checked again (`SetAttr::writable_handle`), as on a local file
+    /// system; through any other handle (or one not open here) it is checked as a change by
+    /// name.
+    pub fn setattr_handle(
+        &self,
+        caller: &Caller,
+        ino: Ino,
+        fh: FileHandleId,
+        set: SetAttr,
+    ) -> FsResult<Attr> {
+        let file = self.inner.files.get(fh);
+        let writable_handle = file.is_ok_and(|file| file.ino == ino && file.writable());
+        self.setattr(caller, ino, SetAttr { writable_handle, ..set })
     }
 
     // The arguments are those of mknod(2)/FUSE's create; the mount passes them straight on.

@@ -589,7 +589,7 @@ impl Filesystem for StriaFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -605,6 +605,7 @@ impl Filesystem for StriaFs {
             size,
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
+            writable_handle: false,
         };
         // With default_permissions the kernel refuses explicit times from anyone but the owner
         // before asking us; with the writeback cache it sends "now" as an explicit time. So an
@@ -619,7 +620,13 @@ impl Filesystem for StriaFs {
                 set.mtime = set.mtime.map(|_| TimeSet::Now);
             }
         }
-        self.reply_attr(reply, stale_if_gone(self.client.setattr(&caller, ino.0, set)));
+        // The kernel names the handle for a truncate through an open file (ftruncate, and an
+        // open with O_TRUNC); write permission was checked at its open.
+        let result = match fh {
+            Some(fh) => self.client.setattr_handle(&caller, ino.0, fh.0, set),
+            None => self.client.setattr(&caller, ino.0, set),
+        };
+        self.reply_attr(reply, stale_if_gone(result));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {

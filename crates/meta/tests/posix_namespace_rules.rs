@@ -302,6 +302,19 @@ fn setattr_rules_and_ctime() {
         .expect("truncate");
     assert_eq!((out.old_size, out.attr.size), (11, 5));
     assert_eq!(m.read_inline(f.ino, 0, 100).expect("read"), Some(b"hello".to_vec()));
+    // Through a handle open for writing (ftruncate) write permission was checked at the open,
+    // so a file read-only since is still cut through it, and its mtime set to now; by name
+    // it is not. Explicit times still need the owner.
+    m.setattr(f.ino, &bob(), &set(0o444)).expect("chmod");
+    let by_name = SetAttr { size: Some(2), mtime: Some(SetTime::Now), ..Default::default() };
+    assert_eq!(status(m.setattr(f.ino, &alice(), &by_name)), FsStatus::Access);
+    assert_eq!(status(m.setattr(f.ino, &bob(), &by_name)), FsStatus::Access);
+    let through_handle = SetAttr { writable_handle: true, ..by_name };
+    let out = m.setattr(f.ino, &alice(), &through_handle).expect("ftruncate");
+    assert_eq!((out.old_size, out.attr.size), (5, 2));
+    assert_eq!(m.read_inline(f.ino, 0, 100).expect("read"), Some(b"he".to_vec()));
+    let at = SetAttr { writable_handle: true, ..at };
+    assert_eq!(status(m.setattr(f.ino, &alice(), &at)), FsStatus::Perm);
     let d = m.mkdir(ROOT_INO, b"d", 0o777, &root()).expect("d");
     assert_eq!(
         status(m.setattr(d.ino, &root(), &SetAttr { size: Some(0), ..Default::default() })),

@@ -206,6 +206,11 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
+    /// The change comes through a handle the caller opened for writing (ftruncate(2)): write
+    /// permission was checked at that open and is not checked again for the size, nor for
+    /// times set to now, as on a local file system. A change by name (truncate(2)) leaves it
+    /// false.
+    pub writable_handle: bool,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]

@@ -14,7 +14,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use support::node::{Node, require_fuse, scratch};
+use stria_proto::fs::{FsStatus, ROOT_INO};
+use stria_proto::wire::{Caller, FileKind, SetAttr};
+use support::node::{Node, native_client, pattern, require_fuse, scratch};
 
 const ARGS: [&str; 6] = ["--drives", "3", "--drive-size", "128M", "--raid", "5"];
 
@@ -52,4 +54,33 @@ fn stat_shows_every_write_while_closes_elsewhere_publish_sizes() {
     }
     stop.store(true, Ordering::Relaxed);
     assert!(spawner.join().unwrap() > 10, "the flushes from other processes did not happen");
+}
+
+/// A truncate the metadata service refuses changes nothing here either: the size of writes not
+/// yet published stays marked so, and the close publishes it. Before, the client took the new
+/// size as its own before asking, and a refused truncate lost the end of the file at the close.
+#[test]
+fn a_refused_truncate_leaves_the_unpublished_size_to_the_close() {
+    require_fuse();
+    let dir = scratch("refused-truncate");
+    let node = Node::start(&dir, &ARGS);
+    let (client, _runtime) = native_client(&node);
+    let root = Caller::root();
+    let mib = 1u64 << 20;
+    let ino = client.create(&root, ROOT_INO, b"f", FileKind::File, 0o644, 0, true).unwrap().ino;
+    let (fh, _) = client.open(&root, ino, (libc::R_OK | libc::W_OK) as u32).unwrap();
+    // The first write's size comes with its spill; the second's is left to the close.
+    client.write(fh, 0, &pattern(1, 0, mib as usize)).unwrap();
+    client.write(fh, mib, &pattern(1, mib, mib as usize)).unwrap();
+    let other = Caller::new(65_534, 65_534);
+    let cut = SetAttr { size: Some(4096), ..SetAttr::default() };
+    assert_eq!(client.setattr(&other, ino, cut), Err(FsStatus::Access), "0644 is not theirs");
+    assert_eq!(client.getattr(ino).unwrap().size, 2 * mib, "getattr after the refused truncate");
+    client.release(fh).unwrap();
+
+    let (fh, attr) = client.open(&root, ino, libc::R_OK as u32).unwrap();
+    assert_eq!(attr.size, 2 * mib, "the close published the size");
+    assert_eq!(client.read(fh, mib, mib as u32).unwrap(), pattern(1, mib, mib as usize));
+    client.release(fh).unwrap();
+    assert_eq!(std::fs::metadata(node.mount.join("f")).unwrap().len(), 2 * mib, "the mount");
 }

@@ -1857,6 +1857,50 @@ fn attr_utimens_symlink(d: &Path) -> CaseResult {
     Ok(())
 }
 
+/// `cp -p`: write, set the source's times through the fd, close. The times set stay (the close
+/// must not put back the time of the writes), and a later write moves mtime on again.
+fn attr_futimens_after_write(d: &Path) -> CaseResult {
+    const SET_SEC: i64 = 1_230_768_000; // 2009-01-01
+    let cases: [(&str, &[usize]); 3] =
+        [("inline", &[100]), ("chunked", &[8192]), ("grown", &[8192, 8192])];
+    for (name, writes) in cases {
+        let p = d.join(name);
+        let fd = ok("open O_CREAT|O_WRONLY", open_(&p, libc::O_CREAT | libc::O_WRONLY, 0o644))?;
+        let mut model = Vec::new();
+        for (seed, &len) in writes.iter().enumerate() {
+            let data = pat(seed as u64, model.len() as u64, len);
+            ok("write", write_all_(&fd, &data))?;
+            model.extend_from_slice(&data);
+        }
+        ok("futimens", futimens_(&fd, [ts(SET_SEC, 5), ts(SET_SEC, 0)]))?;
+        let st = ok("fstat", fstat_(&fd))?;
+        ensure_eq!(mtime(&st), (SET_SEC, 0), "{name}: mtime after futimens (fstat)");
+        ensure_eq!(st.st_size as usize, model.len(), "{name}: size after futimens");
+        ok("close", fd.close())?;
+        let st = ok("stat", stat_(&p))?;
+        ensure_eq!(mtime(&st), (SET_SEC, 0), "{name}: mtime after close");
+        ensure_eq!(atime(&st), (SET_SEC, 5), "{name}: atime after close");
+        // A new open asks the file system again.
+        let fd = ok("reopen", open_(&p, libc::O_RDONLY, 0))?;
+        let st = ok("fstat after reopen", fstat_(&fd))?;
+        ensure_eq!(mtime(&st), (SET_SEC, 0), "{name}: mtime after reopen");
+        ensure_eq!(st.st_size as usize, model.len(), "{name}: size after reopen");
+        drop(fd);
+        same_bytes(name, &get(&p)?, &model)?;
+        let t0 = now();
+        let fd = ok("open O_WRONLY", open_(&p, libc::O_WRONLY, 0))?;
+        ok("pwrite", pwrite_all(&fd, b"w", 0))?;
+        ok("close", fd.close())?;
+        let st = ok("stat after a later write", stat_(&p))?;
+        ensure!(
+            mtime(&st).0 >= t0.0 - 1,
+            "{name}: a write after futimens must move mtime on: {:?}, written at {t0:?}",
+            mtime(&st)
+        );
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cases: directories
 // ---------------------------------------------------------------------------------------------
@@ -2166,6 +2210,7 @@ const CASES: &[Case] = &[
     ("attr.utimens_range", attr_utimens_range),
     ("attr.utimens_now_omit", attr_utimens_now_omit),
     ("attr.utimens_symlink", attr_utimens_symlink),
+    ("attr.futimens_after_write_kept_at_close", attr_futimens_after_write),
     ("dir.mkdir", dir_mkdir),
     ("dir.rmdir", dir_rmdir),
     ("dir.readdir_small", dir_readdir_small),
@@ -2669,6 +2714,40 @@ fn write_kills_suid_check(d: &Path, _: &Ids) -> CaseResult {
     Ok(())
 }
 
+fn ftruncate_fd_setup(d: &Path, i: &Ids) -> CaseResult {
+    mk_dir(&d.join("mine"), i.uid, i.gid, 0o755)
+}
+/// Write permission is checked when a file is opened, not again by ftruncate(2): a file
+/// created read-only (as `install -m 444`, tar and cp make them) is written and cut through
+/// the fd that created it. truncate(2) by name still needs it.
+fn ftruncate_fd_check(d: &Path, _: &Ids) -> CaseResult {
+    for (name, len) in [("inline", 100usize), ("chunked", 2 * MIB)] {
+        let p = d.join("mine").join(name);
+        let fd = ok("open O_CREAT|O_RDWR 0444", open_(&p, libc::O_CREAT | libc::O_RDWR, 0o444))?;
+        let half = len / 2;
+        let mut model = pat(7, 0, half);
+        ok("write", write_all_(&fd, &model))?;
+        let rest = pat(7, half as u64, len - half);
+        ok("pwrite", pwrite_all(&fd, &rest, half as u64))?;
+        model.extend_from_slice(&rest);
+        ok(&format!("{name}: ftruncate up"), ftruncate_(&fd, (len + 4096) as i64))?;
+        model.resize(len + 4096, 0);
+        ensure_eq!(ok("fstat", fstat_(&fd))?.st_size as usize, model.len(), "{name}: size up");
+        ok(&format!("{name}: ftruncate down"), ftruncate_(&fd, (len - 10) as i64))?;
+        model.truncate(len - 10);
+        ensure_eq!(ok("fstat", fstat_(&fd))?.st_size as usize, model.len(), "{name}: size down");
+        ok("close", fd.close())?;
+        let st = ok("stat", stat_(&p))?;
+        ensure_mode!(st.st_mode & 0o7777, 0o444, "{name}: mode");
+        ensure_eq!(st.st_size as usize, model.len(), "{name}: size after close");
+        same_bytes(name, &get(&p)?, &model)?;
+        fails(&format!("{name}: truncate 0444 by name"), truncate_(&p, 0), libc::EACCES)?;
+        fails(&format!("{name}: O_WRONLY on 0444"), open_(&p, libc::O_WRONLY, 0), libc::EACCES)?;
+        ensure_eq!(ok("stat", stat_(&p))?.st_size as usize, model.len(), "{name}: size kept");
+    }
+    Ok(())
+}
+
 fn xattr_perm_setup(d: &Path, i: &Ids) -> CaseResult {
     mk_file(&d.join("r"), b"x", 0, 0, 0o644)?;
     ok("setxattr fixture", setxattr_(&d.join("r"), "user.a", b"v", 0))?;
@@ -2705,6 +2784,7 @@ const UNPRIV: &[(&str, Setup, Check)] = &[
     ("perm.chmod_sgid_nonmember", sgid_nonmember_setup, sgid_nonmember_check),
     ("perm.write_clears_suid", write_kills_suid_setup, write_kills_suid_check),
     ("perm.xattr", xattr_perm_setup, xattr_perm_check),
+    ("perm.ftruncate_through_writable_fd", ftruncate_fd_setup, ftruncate_fd_check),
 ];
 
 /// Names of the cases `run_unprivileged` runs, in order.
