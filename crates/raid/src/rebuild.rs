@@ -543,7 +543,7 @@ fn resync_stripe(
         }
         chunks.push(data);
     }
-    if chunks.iter().any(|c| c.is_none()) {
+    if g.level.is_parity() && chunks.iter().any(|c| c.is_none()) {
         return Ok(()); // degraded: parity cannot be recomputed without every data chunk
     }
     let write = |d: usize, data: &[u8]| -> Result<(), RaidError> {
@@ -574,10 +574,14 @@ fn resync_stripe(
             }
         }
         Level::Raid1 | Level::Raid10 => {
+            // The copies still here are made equal even while degraded: left apart, each with
+            // a valid checksum, a read would change value when the drive it came from fails.
             for index in 0..g.data_chunks() {
-                let copies: Vec<usize> = g.data_drives(stripe, index).iter().collect();
-                let first = chunks[copies[0]].clone().expect("checked");
-                for &d in &copies[1..] {
+                let copies: Vec<usize> =
+                    g.data_drives(stripe, index).iter().filter(|&d| chunks[d].is_some()).collect();
+                let Some((&source, others)) = copies.split_first() else { continue };
+                let first = chunks[source].clone().expect("present");
+                for &d in others {
                     if chunks[d].as_deref() != Some(&first[..]) {
                         write(d, &first)?;
                     }
