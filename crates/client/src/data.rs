@@ -76,7 +76,9 @@ pub(crate) async fn write(
     let end = offset.checked_add(bytes.len() as u64).ok_or(FsStatus::TooBig)?;
     let layout = {
         let mut state = inode.state();
-        if let Some(error) = state.write_error {
+        // A write error this handle has yet to report fails its writes until then, so the
+        // writer hears of it early (its flush or fsync still reports it).
+        if let Some(error) = file.unseen_error(&state) {
             return Err(error);
         }
         state.prefetch.clear();
@@ -155,7 +157,9 @@ pub(crate) async fn write(
                 written = storage.chunk_write(request, data).await;
             }
             if let Err(error) = written {
-                inode.state().write_error.get_or_insert(error);
+                let mut state = inode.state();
+                state.write_error = Some(error);
+                state.write_errors += 1;
             }
             drop(permit);
             // The last piece's drop closes the channel: overlapping writes may go.
@@ -522,8 +526,9 @@ pub(crate) async fn flush(inner: &Inner, file: &OpenFile, durable: bool) -> FsRe
     // getattr must still add it (a getattr answered in between would show the old size, and
     // the kernel would keep it for the attribute timeout).
     let (error, dirty, size, mtime, layout) = {
-        let mut state = inode.state();
-        (state.write_error.take(), state.size_dirty, state.size, state.mtime, state.layout.clone())
+        let state = inode.state();
+        let error = file.take_unseen_error(&state);
+        (error, state.size_dirty, state.size, state.mtime, state.layout.clone())
     };
     if let Some(error) = error {
         // The writes that did succeed still extend the file: published at the next flush.

@@ -24,6 +24,9 @@ pub(crate) struct OpenFile {
     /// writeback cache, a WRITE may come through another writable handle than the one the
     /// application wrote with; both are writable.)
     writable: AtomicBool,
+    /// How many of the inode's write errors (`InodeState::write_errors`) this handle has seen:
+    /// those of before its open, and those its flushes and fsyncs reported.
+    errors_seen: AtomicU64,
 }
 
 impl OpenFile {
@@ -33,6 +36,20 @@ impl OpenFile {
 
     pub fn writable(&self) -> bool {
         self.writable.load(Ordering::Relaxed)
+    }
+
+    /// The inode's latest write error when this handle has not seen it yet (`state` is its
+    /// inode's, locked).
+    pub fn unseen_error(&self, state: &InodeState) -> Option<FsStatus> {
+        let seen = self.errors_seen.load(Ordering::Relaxed);
+        if state.write_errors > seen { state.write_error } else { None }
+    }
+
+    /// [`OpenFile::unseen_error`], marked seen: a flush or fsync reports it, once per handle.
+    pub fn take_unseen_error(&self, state: &InodeState) -> Option<FsStatus> {
+        let error = self.unseen_error(state);
+        self.errors_seen.store(state.write_errors, Ordering::Relaxed);
+        error
     }
 }
 
@@ -64,8 +81,12 @@ pub(crate) struct InodeState {
     /// The size or mtime changed here and the metadata service has not been told yet.
     pub size_dirty: bool,
     pub mtime: Timestamp,
-    /// The first error of a queued write, reported by the next flush or fsync.
+    /// The latest error of a queued write. Every handle open when it happened reports it once,
+    /// at its next flush or fsync, as Linux reports a writeback error to each open file
+    /// (errseq): the first handle to flush must not take it from the writer's.
     pub write_error: Option<FsStatus>,
+    /// Queued writes failed so far (see [`OpenFile::unseen_error`]).
+    pub write_errors: u64,
     pub prefetch: HashMap<u64, Prefetch>,
     /// Where the next read of a sequential reader would start.
     pub next_sequential: u64,
@@ -172,6 +193,7 @@ impl OpenFiles {
                         size_dirty: false,
                         mtime: attr.mtime,
                         write_error: None,
+                        write_errors: 0,
                         prefetch: HashMap::new(),
                         next_sequential: 0,
                         sequential_hits: 0,
@@ -190,7 +212,7 @@ impl OpenFiles {
                 })
             })
             .clone();
-        {
+        let errors_seen = {
             let mut state = inode.state();
             state.opens += 1;
             // What this client knew of the file's extended attributes holds until the next
@@ -201,18 +223,16 @@ impl OpenFiles {
             if state.layout.is_none() {
                 state.layout = attr.layout.clone();
             }
-            // Only the sole handle takes the bytes: with others open, writes of theirs may be
-            // queued that the metadata service has not seen.
+            // Chunks read ahead for a handle already open may predate another client's
+            // writes that this open must see (close-to-open): the reader starts again.
+            state.prefetch.clear();
+            // The bytes that came with the open serve reads, if they are the whole file. With
+            // other handles open, only while the copy here is still as fetched: none means a
+            // write or truncate here changed the file, which the open's bytes may predate.
             let sole = state.opens == 1 && !state.size_dirty;
-            state.inline = match inline {
-                Some(bytes)
-                    if sole && state.layout.is_none() && bytes.len() as u64 == attr.size =>
-                {
-                    Some(bytes)
-                }
-                _ if sole => None,
-                _ => state.inline.take(),
-            };
+            let fresh =
+                inline.filter(|bytes| state.layout.is_none() && bytes.len() as u64 == attr.size);
+            state.inline = if sole || state.inline.is_some() { fresh } else { None };
             // Handles already open here know at least as much as the metadata service, whose
             // answer may predate a publish of theirs; only a fresh inode takes its size.
             if state.opens == 0 {
@@ -220,9 +240,16 @@ impl OpenFiles {
             } else if !state.size_dirty {
                 state.size = state.size.max(attr.size);
             }
-        }
+            // Write errors from before the open are not this handle's to report.
+            state.write_errors
+        };
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(OpenFile { ino: attr.ino, inode, writable: AtomicBool::new(writable) });
+        let file = Arc::new(OpenFile {
+            ino: attr.ino,
+            inode,
+            writable: AtomicBool::new(writable),
+            errors_seen: AtomicU64::new(errors_seen),
+        });
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, file);
         fh
     }

@@ -1,7 +1,10 @@
 //! A small file's bytes (kept inside its inode) come with the open, so the client reads them
 //! without another request. They must never be stale where POSIX and close-to-open promise
-//! fresh data: a new open sees what another client wrote and closed, and this client's own
-//! writes and truncates show at once.
+//! fresh data: a new open sees what another client wrote and closed (also while an older
+//! handle of the file is still open here), and this client's own writes and truncates show at
+//! once.
+
+#![allow(clippy::unwrap_used)]
 
 mod support;
 
@@ -69,6 +72,76 @@ fn small_files_read_from_the_open_stay_fresh() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap().len(), big.len());
     assert_eq!(std::fs::read(node.mount.join("small")).unwrap(), big);
+}
+
+/// A new open here reads what another client wrote and closed even while an older handle of
+/// the file stays open here: the inline copy the older open fetched is this client's cache and
+/// must not outlive the new open.
+#[test]
+fn a_new_open_beside_an_open_handle_reads_fresh_inline_bytes() {
+    require_fuse();
+    let dir = scratch("open-beside-open-inline");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
+    let (client, _runtime) = native_client(&node);
+    let root = Caller::root();
+    let read = libc::R_OK as u32;
+    let a = pattern(11, 0, 3000);
+    let b = pattern(12, 0, 3000);
+    std::fs::write(node.mount.join("small"), &a).unwrap();
+    let ino = client.lookup(&root, ROOT_INO, b"small").unwrap().ino;
+    let (held, attr) = client.open(&root, ino, read).unwrap();
+    assert!(attr.layout.is_none(), "3000 bytes live inside the inode");
+    assert!(client.read(held, 0, 4096).unwrap() == a, "the first open reads the bytes");
+    // Another client (the mount) rewrites the file and closes it.
+    std::fs::write(node.mount.join("small"), &b).unwrap();
+    let (fresh, _) = client.open(&root, ino, read).unwrap();
+    let got = client.read(fresh, 0, 4096).unwrap();
+    assert!(got != a, "a new open read the inline copy of the open before");
+    assert!(got == b, "a new open reads the new bytes");
+    client.release(fresh).unwrap();
+    client.release(held).unwrap();
+}
+
+/// The same for a file of several chunks read sequentially here, so that chunks were read
+/// ahead for the older handle: the new open must not be served from them.
+#[test]
+fn a_new_open_beside_an_open_handle_reads_past_the_old_read_ahead() {
+    require_fuse();
+    let dir = scratch("open-beside-open-chunks");
+    let node = Node::start(&dir, &["--drives", "3", "--drive-size", "128M", "--raid", "5"]);
+    let (client, _runtime) = native_client(&node);
+    let root = Caller::root();
+    let read = libc::R_OK as u32;
+    let len = (4 << 20) + 1234;
+    let old = pattern(13, 0, len);
+    let new = pattern(14, 0, len);
+    std::fs::write(node.mount.join("large"), &old).unwrap();
+    let ino = client.lookup(&root, ROOT_INO, b"large").unwrap().ino;
+    let read_all = |fh| {
+        let mut got = Vec::with_capacity(len);
+        while got.len() < len {
+            let part = client.read(fh, got.len() as u64, 128 << 10).unwrap();
+            assert!(!part.is_empty(), "short file: {} bytes", got.len());
+            got.extend_from_slice(&part);
+        }
+        got
+    };
+    let (held, attr) = client.open(&root, ino, read).unwrap();
+    assert!(attr.layout.is_some(), "the file is in chunks");
+    assert!(read_all(held) == old, "the first open reads the bytes");
+    // Rewritten in place through the mount, and closed.
+    {
+        use std::io::Write;
+        let mut file =
+            std::fs::OpenOptions::new().write(true).open(node.mount.join("large")).unwrap();
+        file.write_all(&new).unwrap();
+    }
+    let (fresh, _) = client.open(&root, ino, read).unwrap();
+    let got = read_all(fresh);
+    let stale = got.iter().zip(&new).position(|(g, n)| g != n);
+    assert_eq!(stale, None, "first byte a new open read stale (of {len})");
+    client.release(fresh).unwrap();
+    client.release(held).unwrap();
 }
 
 /// FUSE's create of a name another client made first opens that file: only if the caller may
