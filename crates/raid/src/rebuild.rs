@@ -282,6 +282,9 @@ fn run(
             stripe = end;
             cursor.store(stripe, Relaxed);
         }
+        if g.level.is_parity() {
+            repair_dirty_parity(array, slot, &dev, &batch)?;
+        }
         let bytes = batch.len() as u64 * g.unit();
         progress.stripes_done.fetch_add(batch.len() as u64, Relaxed);
         progress.bytes_written.fetch_add(bytes, Relaxed);
@@ -315,6 +318,44 @@ fn run(
     array.write_superblocks(false)?;
     array.flush()?;
     tracing::info!(slot, "rebuild finished");
+    Ok(())
+}
+
+/// Makes the parity of the batch's stripes that the write-intent bitmap marks agree with their
+/// data, now that the slot's chunks are back. A full-stripe write torn by a crash, recovered
+/// while a drive was missing, leaves parity that matches no data (§9: resync needs every
+/// chunk); rebuilding the missing chunk from one parity leaves the other one wrong. The data's
+/// blocks are checked against their checksums, so nothing bad is made to look good.
+fn repair_dirty_parity(
+    array: &Array,
+    slot: usize,
+    dev: &Arc<dyn stria_io::BlockDevice>,
+    batch: &[u64],
+) -> Result<(), RaidError> {
+    let bitmap = &array.inner.bitmap;
+    let g = array.geometry();
+    let dirty: Vec<u64> = batch
+        .iter()
+        .copied()
+        .filter(|&s| bitmap.is_set(bitmap.region_of(g.drive_offset(s))))
+        .collect();
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    let _barrier = array.inner.barrier.read().unwrap_or_else(|e| e.into_inner());
+    let _locks = array.lock_stripes(dirty.iter().copied());
+    let members = array.members();
+    let m = &members[slot];
+    if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev)) {
+        return Err(RaidError::Refused(format!(
+            "slot {slot} left the rebuild (it failed or was replaced)"
+        )));
+    }
+    for stripe in dirty {
+        if array.check_parity_stripe(&members, stripe, true)? == Some(true) {
+            tracing::info!(stripe, "parity rewritten after a rebuild: it disagreed with the data");
+        }
+    }
     Ok(())
 }
 

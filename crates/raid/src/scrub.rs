@@ -66,37 +66,10 @@ impl Array {
                 let members = self.members();
                 let mismatch = match g.level {
                     Level::Raid5 | Level::Raid6 => {
-                        let all = match self.stripe_rows(&members, stripe, 0, rows, None, repair) {
-                            Ok(all) => all,
-                            Err(RaidError::Unrecoverable { .. }) => continue,
-                            Err(e) => return Err(e),
-                        };
-                        let k = g.data_chunks();
-                        let mut fresh: Vec<AlignedBuf> = all[..k].to_vec();
-                        let len = rows as usize * BLOCK_BYTES;
-                        let sources: Vec<&[u8]> = fresh.iter().map(|c| &c[..]).collect();
-                        let mut p = AlignedBuf::zeroed(len);
-                        let mut q = AlignedBuf::zeroed(len);
-                        if g.level == Level::Raid6 {
-                            self.kernel().pq_gen(&sources, &mut p, &mut q);
-                        } else {
-                            self.kernel().xor_gen(&sources, &mut p);
+                        match self.check_parity_stripe(&members, stripe, repair)? {
+                            Some(mismatch) => mismatch,
+                            None => continue,
                         }
-                        fresh.push(p);
-                        if g.level == Level::Raid6 {
-                            fresh.push(q);
-                        }
-                        let order = g.members(stripe);
-                        let mut mismatch = false;
-                        for i in k..order.len() {
-                            if fresh[i] != all[i] {
-                                mismatch = true;
-                                if repair {
-                                    self.rewrite_chunk(&members[order[i]], stripe, &fresh[i]);
-                                }
-                            }
-                        }
-                        mismatch
                     }
                     Level::Raid1 | Level::Raid10 => {
                         let mut mismatch = false;
@@ -134,6 +107,51 @@ impl Array {
             self.flush()?;
         }
         Ok(report)
+    }
+
+    /// Whether the parity of `stripe` (RAID 5/6) disagrees with its data, reading every block
+    /// checked against its checksum; with `repair`, bad blocks are rebuilt and parity that
+    /// disagrees is rewritten from the data. None when the stripe cannot be read (counted as
+    /// unrecoverable). The caller holds the barrier (shared) and the stripe's lock.
+    pub(crate) fn check_parity_stripe(
+        &self,
+        members: &[crate::array::Member],
+        stripe: u64,
+        repair: bool,
+    ) -> Result<Option<bool>, RaidError> {
+        let g = self.geometry();
+        let rows = self.rows_per_chunk();
+        let all = match self.stripe_rows(members, stripe, 0, rows, None, repair) {
+            Ok(all) => all,
+            Err(RaidError::Unrecoverable { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let k = g.data_chunks();
+        let mut fresh: Vec<AlignedBuf> = all[..k].to_vec();
+        let len = rows as usize * BLOCK_BYTES;
+        let sources: Vec<&[u8]> = fresh.iter().map(|c| &c[..]).collect();
+        let mut p = AlignedBuf::zeroed(len);
+        let mut q = AlignedBuf::zeroed(len);
+        if g.level == Level::Raid6 {
+            self.kernel().pq_gen(&sources, &mut p, &mut q);
+        } else {
+            self.kernel().xor_gen(&sources, &mut p);
+        }
+        fresh.push(p);
+        if g.level == Level::Raid6 {
+            fresh.push(q);
+        }
+        let order = g.members(stripe);
+        let mut mismatch = false;
+        for i in k..order.len() {
+            if fresh[i] != all[i] {
+                mismatch = true;
+                if repair {
+                    self.rewrite_chunk(&members[order[i]], stripe, &fresh[i]);
+                }
+            }
+        }
+        Ok(Some(mismatch))
     }
 
     /// Reads every copy of one data chunk once, counts the blocks that fail their checksums and
