@@ -73,9 +73,11 @@ impl Meta {
                 return Err(fs(FsStatus::Perm, "chgrp to a group the caller is not in"));
             }
             if let Some(mode) = set.mode {
-                // A writer who is not the owner may only drop setuid/setgid: that is the
-                // kernel clearing them on write (FUSE sends it as a chmod from the writer).
-                let only_clears_suid = mode & MODE_BITS == rec.mode & !(S_ISUID | S_ISGID)
+                // A writer who is not the owner may only drop setuid/setgid of a regular file:
+                // that is the kernel clearing them on write (FUSE sends it as a chmod from the
+                // writer). A directory's setgid is its owner's to change.
+                let only_clears_suid = regular(&rec).is_ok()
+                    && mode & MODE_BITS == rec.mode & !(S_ISUID | S_ISGID)
                     && mode & MODE_BITS != rec.mode;
                 if only_clears_suid && !caller.is_root() && caller.uid != rec.uid {
                     perm::check(&rec, caller, W_OK)?;

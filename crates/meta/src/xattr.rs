@@ -1,8 +1,10 @@
-//! Extended attributes: `trusted.*` is root's; the other namespaces follow the file's
-//! read/write permission.
+//! Extended attributes: `trusted.*` is root's, and so are changes to `security.*` (but for
+//! dropping `security.capability`); the rest follows the file's read/write permission.
 
 use redb::ReadableTable;
-use stria_proto::fs::{FsStatus, Ino, XATTR_NAME_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
+use stria_proto::fs::{
+    CAPABILITY_XATTR, FsStatus, Ino, XATTR_NAME_BYTES_MAX, XATTR_VALUE_BYTES_MAX,
+};
 
 use crate::Meta;
 use crate::error::{Result, fs};
@@ -21,11 +23,31 @@ fn is_trusted(name: &[u8]) -> bool {
     name.starts_with(b"trusted.")
 }
 
+/// What a change of `name` takes beyond write permission on the file.
+enum Change {
+    Set,
+    Remove,
+}
+
 fn check_access(rec: &Inode, name: &[u8], caller: &Caller, mask: u32) -> Result<()> {
     if is_trusted(name) {
         return if caller.is_root() { Ok(()) } else { Err(fs(FsStatus::Perm, "trusted xattr")) };
     }
     perm::check(rec, caller, mask)
+}
+
+/// As [`check_access`] for a change. `security.*` is the kernel's and root's to set (Linux
+/// asks CAP_SETFCAP for `security.capability`, CAP_SYS_ADMIN for the rest): write permission
+/// on a file must not let anyone give it file capabilities (a squashed root included). Removing
+/// `security.capability` only takes privilege away, and the kernel sends it as the writer when
+/// it drops a file's capabilities on write, so write permission still does for that.
+fn check_change(rec: &Inode, name: &[u8], caller: &Caller, change: Change) -> Result<()> {
+    let security = name.starts_with(b"security.");
+    let dropping_capability = matches!(change, Change::Remove) && name == CAPABILITY_XATTR;
+    if security && !dropping_capability && !caller.is_root() {
+        return Err(fs(FsStatus::Perm, "security xattrs are root's to change"));
+    }
+    check_access(rec, name, caller, W_OK)
 }
 
 impl Meta {
@@ -57,7 +79,7 @@ impl Meta {
         }
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
-            check_access(&rec, name, caller, W_OK)?;
+            check_change(&rec, name, caller, Change::Set)?;
             let exists = tx.tables.xattrs.table()?.get((ino, name))?.is_some();
             match flags {
                 XattrFlags::Create if exists => {
@@ -94,7 +116,7 @@ impl Meta {
         check_name(name)?;
         self.write(|tx| {
             let mut rec = tx.inode(ino)?;
-            check_access(&rec, name, caller, W_OK)?;
+            check_change(&rec, name, caller, Change::Remove)?;
             if !tx.remove_xattr(ino, name)? {
                 return Err(fs(FsStatus::NoData, "no such xattr"));
             }

@@ -264,6 +264,11 @@ fn setgid_directories_pass_on_their_group() {
     assert_eq!(deeper.gid, 500);
     let plain = m.create(ROOT_INO, b"plain", 0o644, &alice()).expect("plain");
     assert_eq!(plain.gid, 1000);
+    // A writer who does not own the directory cannot clear its setgid bit (that exception is
+    // for the kernel clearing a regular file's set-ID bits on write).
+    let clear = SetAttr { mode: Some(0o777), ..Default::default() };
+    assert_eq!(status(m.setattr(shared.ino, &bob(), &clear)), FsStatus::Perm);
+    assert_eq!(m.getattr(shared.ino).expect("getattr").mode & S_ISGID, S_ISGID);
 }
 
 #[test]
@@ -407,6 +412,18 @@ fn xattr_flags_limits_and_namespaces() {
     assert_eq!(m.getxattr(f.ino, b"user.k", &bob()).expect("others read"), b"v2");
     assert_eq!(status(m.setxattr(f.ino, b"trusted.t", b"v", XattrFlags::Any, &a)), FsStatus::Perm);
     m.setxattr(f.ino, b"trusted.t", b"v", XattrFlags::Any, &root()).expect("root trusted");
+    // security.* is root's to set, even on one's own file: no file capabilities from a writer.
+    for name in [&b"security.capability"[..], b"security.other"] {
+        assert_eq!(status(m.setxattr(f.ino, name, b"v", XattrFlags::Any, &a)), FsStatus::Perm);
+        m.setxattr(f.ino, name, b"v", XattrFlags::Any, &root()).expect("root sets security");
+        assert_eq!(m.getxattr(f.ino, name, &bob()).expect("anyone reads it"), b"v");
+    }
+    // Removing security.capability only takes privilege away (the kernel does it as the writer
+    // when a write drops it); other security.* removals are root's.
+    assert_eq!(status(m.removexattr(f.ino, b"security.capability", &bob())), FsStatus::Access);
+    m.removexattr(f.ino, b"security.capability", &a).expect("a writer drops the capability");
+    assert_eq!(status(m.removexattr(f.ino, b"security.other", &a)), FsStatus::Perm);
+    m.removexattr(f.ino, b"security.other", &root()).expect("root removes security");
     assert_eq!(m.listxattr(f.ino, &a).expect("list"), vec![b"user.a".to_vec(), b"user.k".to_vec()]);
     assert_eq!(m.listxattr(f.ino, &root()).expect("list").len(), 3);
     let long_name = vec![b'n'; 256];

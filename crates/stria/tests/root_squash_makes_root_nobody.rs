@@ -49,6 +49,23 @@ fn root_squash_takes_roots_rights_on_the_mount() {
     assert_eq!((made.uid(), made.gid()), (65534, 65534), "root's new file belongs to nobody");
     let error = std::os::unix::fs::chown(mnt.join("pub/made-by-root"), Some(0), None).unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc::EPERM), "{error}");
+    // Nor may squashed root give a file capabilities (the mount is suid: anyone running it
+    // would get them).
+    let path =
+        std::ffi::CString::new(mnt.join("pub/made-by-root").into_os_string().into_encoded_bytes())
+            .unwrap();
+    let (name, value) =
+        (c"security.capability", [1u8, 0, 0, 2, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    // SAFETY: both strings are NUL-terminated and the value outlives the call.
+    let rc = unsafe {
+        libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+    };
+    let error = std::io::Error::last_os_error();
+    assert_eq!(
+        (rc, error.raw_os_error()),
+        (-1, Some(libc::EPERM)),
+        "setcap as squashed root: {error}"
+    );
     node.stop();
 
     // Without the option root has its rights again.
