@@ -26,6 +26,11 @@ impl Callers {
         Callers { groups: Mutex::new(HashMap::new()), root_squash }
     }
 
+    /// Whether root is squashed: then no caller has root's privileges here.
+    pub fn squash_root(&self) -> bool {
+        self.root_squash
+    }
+
     pub fn of(&self, req: &Request) -> Caller {
         let caller = self.unsquashed(req.uid(), req.gid(), req.pid());
         if self.root_squash { squash(caller) } else { caller }

@@ -806,7 +806,9 @@ impl Filesystem for StriaFs {
             // The kernel sets the flag when the writer lacks CAP_FSETID. It keeps the mode it
             // has (and a stat that asks for the mode alone would show it for the attribute
             // timeout), so a drop makes it ask again.
-            let suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+            // Root keeps them (it has CAP_FSETID), but not a root squashed to nobody.
+            let suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+                || self.callers.squash_root();
             match self.client.drop_privileges_for_write(fh.0, suidgid) {
                 Ok(true) => drop_cached_attrs(self.notifier.get(), ino.0),
                 Ok(false) => {}

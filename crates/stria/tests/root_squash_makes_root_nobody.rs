@@ -66,6 +66,15 @@ fn root_squash_takes_roots_rights_on_the_mount() {
         (-1, Some(libc::EPERM)),
         "setcap as squashed root: {error}"
     );
+    // A write by squashed root drops setuid, as a write by anyone without CAP_FSETID does.
+    let suid = mnt.join("pub/suid");
+    std::fs::write(&suid, b"a").unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4777)).unwrap();
+    assert_eq!(std::fs::metadata(&suid).unwrap().mode() & 0o4000, 0o4000);
+    let mut file = std::fs::OpenOptions::new().append(true).open(&suid).unwrap();
+    std::io::Write::write_all(&mut file, b"b").unwrap();
+    drop(file);
+    assert_eq!(std::fs::metadata(&suid).unwrap().mode() & 0o4000, 0, "setuid kept");
     node.stop();
 
     // Without the option root has its rights again.
