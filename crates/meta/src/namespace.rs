@@ -313,6 +313,41 @@ impl Meta {
         })
     }
 
+    /// open(O_CREAT): creates `name` (or, unless `exclusive`, finds what is there and checks
+    /// `mask` against it) and counts an open of it for `client`, all under the open-handle
+    /// lock, so an unlink by another client cannot take the inode between the create and the
+    /// count (open(O_CREAT) must not fail with ENOENT). Returns the attributes and whether
+    /// the file was created.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_open(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        node: NodeKind,
+        mode: u32,
+        caller: &Caller,
+        exclusive: bool,
+        mask: u32,
+        client: u64,
+    ) -> Result<(Attr, bool)> {
+        let mut opens = self.lock_opens();
+        let (attr, created) = match self.mknod(parent, name, node, mode, caller) {
+            Ok(attr) => (attr, true),
+            // Without O_EXCL, what is there is opened.
+            Err(crate::MetaError::Fs { status: FsStatus::Exists, .. }) if !exclusive => {
+                (self.lookup(parent, name, caller)?, false)
+            }
+            Err(error) => return Err(error),
+        };
+        // The creator may open what it just created whatever the mode says; what was already
+        // there is checked as any open is.
+        if !created {
+            self.access(attr.ino, caller, mask)?;
+        }
+        opens.open(attr.ino, client);
+        Ok((attr, created))
+    }
+
     /// Counts an open handle of `ino` for `client`; while any is open an unlinked inode keeps
     /// its data.
     pub fn open_file(&self, ino: Ino, client: u64) -> Result<()> {

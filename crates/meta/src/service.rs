@@ -185,23 +185,19 @@ impl MetaService {
                         });
                     }
                 };
-                let (attr, created) = match meta.mknod(parent, &name, node, mode, &caller) {
-                    Ok(attr) => (attr, true),
-                    // open(O_CREAT) without O_EXCL opens what is there.
-                    Err(MetaError::Fs { status: FsStatus::Exists, .. }) if !exclusive => {
-                        (meta.lookup(parent, &name, &caller)?, false)
-                    }
-                    Err(error) => return Err(error),
-                };
                 if let Some(mask) = open {
-                    // The creator may open what it just created whatever the mode says; what
-                    // was already there is checked as any open is.
-                    if !created {
-                        meta.access(attr.ino, &caller, mask)?;
-                    }
-                    meta.open_file(attr.ino, client)?;
+                    let (attr, created) = meta
+                        .create_open(parent, &name, node, mode, &caller, exclusive, mask, client)?;
                     MetaReply::Open { attr: self.wire_attr(attr), inline: None, created }
                 } else {
+                    let attr = match meta.mknod(parent, &name, node, mode, &caller) {
+                        Ok(attr) => attr,
+                        // O_CREAT without O_EXCL takes what is there.
+                        Err(MetaError::Fs { status: FsStatus::Exists, .. }) if !exclusive => {
+                            meta.lookup(parent, &name, &caller)?
+                        }
+                        Err(error) => return Err(error),
+                    };
                     self.attr(attr)?
                 }
             }
