@@ -74,6 +74,16 @@ pub(crate) struct Member {
 }
 
 impl Member {
+    /// Whether this member's drive is `dev` (not a spare or replacement that took the slot).
+    pub(crate) fn holds(&self, dev: &Arc<dyn BlockDevice>) -> bool {
+        self.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev))
+    }
+
+    /// Whether `dev` is this member's drive and is still being rebuilt.
+    pub(crate) fn rebuilding(&self, dev: &Arc<dyn BlockDevice>) -> bool {
+        self.state == SlotState::Rebuilding && self.holds(dev)
+    }
+
     pub(crate) fn empty(state: SlotState) -> Member {
         Member {
             dev: None,

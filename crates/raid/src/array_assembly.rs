@@ -131,7 +131,8 @@ impl Array {
             // whole array; whether the rest can serve is checked below.
             let unreadable = |e: stria_io::IoError, warnings: &mut Vec<String>| {
                 warnings.push(format!(
-                    "slot {slot}: {} cannot be read ({e}) and was failed; replace it with                      `stria raid replace`",
+                    "slot {slot}: {} cannot be read ({e}) and was failed; replace it with \
+                     `stria raid replace`",
                     dev.name()
                 ));
                 let mut m = Member::empty(SlotState::Failed);

@@ -273,8 +273,7 @@ impl Array {
                 }
             }
             let m = &mut members[slot];
-            let elsewhere =
-                only.is_some_and(|dev| !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev)));
+            let elsewhere = only.is_some_and(|dev| !m.holds(dev));
             if !m.writable() || elsewhere {
                 return Ok(());
             }

@@ -246,9 +246,7 @@ fn run(
             let _locks = array.lock_stripes(batch.iter().copied());
             let members = array.members();
             let m = &members[slot];
-            if m.state != SlotState::Rebuilding
-                || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, &dev))
-            {
+            if !m.rebuilding(&dev) {
                 return Err(RaidError::Refused(format!(
                     "slot {slot} left the rebuild (it failed or was replaced)"
                 )));
@@ -306,8 +304,7 @@ fn run(
         // rebuilt here is declared in sync.
         let mut members = array.members_mut();
         let m = &mut members[slot];
-        if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, &dev))
-        {
+        if !m.rebuilding(&dev) {
             return Err(RaidError::Refused(format!(
                 "slot {slot} left the rebuild as it finished (it failed or was replaced)"
             )));
@@ -346,7 +343,7 @@ fn repair_dirty_parity(
     let _locks = array.lock_stripes(dirty.iter().copied());
     let members = array.members();
     let m = &members[slot];
-    if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev)) {
+    if !m.rebuilding(dev) {
         return Err(RaidError::Refused(format!(
             "slot {slot} left the rebuild (it failed or was replaced)"
         )));
@@ -372,8 +369,7 @@ fn persist_cursor(
         let _barrier = array.inner.barrier.read().unwrap_or_else(|e| e.into_inner());
         let members = array.members();
         let m = &members[slot];
-        if m.state != SlotState::Rebuilding || !m.dev.as_ref().is_some_and(|d| Arc::ptr_eq(d, dev))
-        {
+        if !m.rebuilding(dev) {
             return Ok(());
         }
         let durable = m
